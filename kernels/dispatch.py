@@ -1,0 +1,159 @@
+"""``KernelOps``: the one object through which the model calls its hot-path ops.
+
+    ops = KernelOps.create(torch.device("cuda"))   # Triton kernels
+    ops = KernelOps.create(torch.device("cpu"))    # plain-torch references (the CPU serving path)
+    ops = KernelOps.create(torch.device("cpu"), force_triton=True)  # Triton through the
+                                                   # interpreter; needs TRITON_INTERPRET=1 set
+                                                   # before triton is first imported (tests)
+
+Triton is imported only inside ``create`` when it is chosen, so importing this module costs torch
+only. The choice is logged once per ``create``. Shapes: T tokens in the step, B sequences,
+Hq/Hk query/KV heads, D head dim, NB cache blocks of BS slots.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kernels import reference
+from kernels.reference import build_cos_sin_cache
+
+logger = logging.getLogger(__name__)
+
+BACKEND_TORCH = "torch"
+BACKEND_TRITON = "triton"
+
+
+def _triton_impls() -> dict[str, Callable]:
+    # Imported here, not at module top: CPU serving must not pay for importing Triton.
+    from kernels.kv_cache import store_kv
+    from kernels.paged_attention import paged_attention
+    from kernels.rms_norm import rms_norm
+    from kernels.rotary import apply_rotary
+    from kernels.sampling import sample
+    from kernels.swiglu import silu_and_mul
+
+    return {
+        "rms_norm": rms_norm,
+        "apply_rotary": apply_rotary,
+        "silu_and_mul": silu_and_mul,
+        "store_kv": store_kv,
+        "paged_attention": paged_attention,
+        "sample": sample,
+    }
+
+
+def _reference_impls() -> dict[str, Callable]:
+    return {
+        "rms_norm": reference.rms_norm_ref,
+        "apply_rotary": reference.apply_rotary_ref,
+        "silu_and_mul": reference.silu_and_mul_ref,
+        "store_kv": reference.store_kv_ref,
+        "paged_attention": reference.paged_attention_ref,
+        "sample": reference.sample_ref,
+    }
+
+
+def _check_interpreter() -> None:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            "force_triton=True on a non-CUDA device runs Triton through its interpreter: set the "
+            "environment variable TRITON_INTERPRET=1 before triton is imported (e.g. at the top of "
+            "the test's conftest.py)"
+        )
+    if "triton" in sys.modules:
+        # Triton reads the variable lazily today, but a stale import is the usual cause of
+        # "0 active drivers" errors, so say so rather than fail deep inside a launch.
+        logger.debug("triton was imported before KernelOps.create; TRITON_INTERPRET=1 is set")
+
+
+@dataclass(frozen=True)
+class KernelOps:
+    """The hot-path ops bound to one backend ("triton" or "torch") and device."""
+
+    device: torch.device
+    backend: str
+    _impl: dict[str, Callable]
+
+    @classmethod
+    def create(cls, device: torch.device | str, force_triton: bool = False) -> KernelOps:
+        device = torch.device(device)
+        if device.type == "cuda" or force_triton:
+            if device.type != "cuda":
+                _check_interpreter()
+            ops = cls(device, BACKEND_TRITON, _triton_impls())
+        else:
+            ops = cls(device, BACKEND_TORCH, _reference_impls())
+        logger.info("kernel ops for %s: %s backend", device, ops.backend)
+        return ops
+
+    @staticmethod
+    def build_cos_sin_cache(
+        head_dim: int,
+        max_positions: int,
+        theta: float,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> torch.Tensor:  # [max_positions, head_dim] = cat(cos, sin)
+        return build_cos_sin_cache(head_dim, max_positions, theta, device, dtype)
+
+    def rms_norm(
+        self,
+        x: torch.Tensor,  # [T, H]
+        weight: torch.Tensor,  # [H]
+        eps: float,
+        residual: torch.Tensor | None = None,  # [T, H]
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # out, or (out, x + residual)
+        return self._impl["rms_norm"](x, weight, eps, residual)
+
+    def apply_rotary(
+        self,
+        q: torch.Tensor,  # [T, Hq, D], rotated in place
+        k: torch.Tensor,  # [T, Hk, D], rotated in place
+        positions: torch.Tensor,  # [T] int64
+        cos_sin_cache: torch.Tensor,  # [max_pos, D]
+    ) -> None:
+        self._impl["apply_rotary"](q, k, positions, cos_sin_cache)
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:  # [T, 2F] -> [T, F]
+        return self._impl["silu_and_mul"](x)
+
+    def store_kv(
+        self,
+        k: torch.Tensor,  # [T, Hk, D]
+        v: torch.Tensor,  # [T, Hk, D]
+        k_cache: torch.Tensor,  # [NB, BS, Hk, D]
+        v_cache: torch.Tensor,  # [NB, BS, Hk, D]
+        slot_mapping: torch.Tensor,  # [T] int64, -1 = skip
+    ) -> None:
+        self._impl["store_kv"](k, v, k_cache, v_cache, slot_mapping)
+
+    def paged_attention(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]
+        k_cache: torch.Tensor,  # [NB, BS, Hk, D]
+        v_cache: torch.Tensor,  # [NB, BS, Hk, D]
+        block_tables: torch.Tensor,  # [B, max_blocks] int32
+        cu_seqlens_q: torch.Tensor,  # [B + 1] int32
+        context_lens: torch.Tensor,  # [B] int32
+        scale: float,
+    ) -> torch.Tensor:  # [T, Hq, D]
+        return self._impl["paged_attention"](q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
+
+    def sample(
+        self,
+        logits: torch.Tensor,  # [B, V] fp32
+        temperature: torch.Tensor,  # [B]
+        top_k: torch.Tensor,  # [B] int, 0 = off
+        top_p: torch.Tensor,  # [B], 1 = off
+        min_p: torch.Tensor,  # [B], 0 = off
+        seeds: torch.Tensor,  # [B] int64
+        offsets: torch.Tensor,  # [B] int64
+    ) -> torch.Tensor:  # [B] int64
+        return self._impl["sample"](logits, temperature, top_k, top_p, min_p, seeds, offsets)
