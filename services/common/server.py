@@ -1,0 +1,109 @@
+"""grpc.aio server bootstrap shared by both services: health, reflection, size limits, signals.
+
+Usage:
+    server = GrpcServer(host, port, max_message_bytes=...)
+    server.add(pb2_grpc.add_FooServicer_to_server, servicer, "mstar.v1.FooService")
+    port = await server.start()          # NOT_SERVING until set_serving(True)
+    ...                                  # load / warm up
+    server.set_serving(True)
+    await server.wait_for_shutdown(grace_s, on_drain=...)   # returns after SIGTERM/SIGINT drain
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
+    """Options for both servers and channels: explicit size limits and keepalive that tolerates
+    long silent prefills (pings every 20 s, never more often than every 10 s)."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", 20_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
+
+
+class GrpcServer:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        interceptors: list[grpc.aio.ServerInterceptor] | None = None,
+    ) -> None:
+        self.host = host
+        self.requested_port = port
+        self.server = grpc.aio.server(
+            options=channel_options(max_message_bytes)
+            + [("grpc.so_reuseport", 0)],
+            interceptors=interceptors or [],
+        )
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.service_names: list[str] = []
+        self.port: int | None = None
+        self._stopping = asyncio.Event()
+
+    def add(self, add_to_server: Callable[[Any, grpc.aio.Server], None], servicer: Any, service_name: str) -> None:
+        add_to_server(servicer, self.server)
+        self.service_names.append(service_name)
+
+    async def start(self) -> int:
+        names = [*self.service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                 reflection.SERVICE_NAME]
+        reflection.enable_server_reflection(names, self.server)
+        self.port = self.server.add_insecure_port(f"{self.host}:{self.requested_port}")
+        if self.port == 0:
+            raise OSError(f"could not bind {self.host}:{self.requested_port}")
+        await self.server.start()
+        await self.set_serving(False)
+        log.info("listening", extra={"host": self.host, "port": self.port, "services": self.service_names})
+        return self.port
+
+    async def set_serving(self, serving: bool) -> None:
+        """Overall health ("") and every service follow one flag."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ["", *self.service_names]:
+            await self.health.set(name, status)
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopping.set)
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def wait_for_shutdown(
+        self, grace_s: float, on_drain: Callable[[float], Awaitable[None]] | None = None
+    ) -> None:
+        """Block until SIGTERM/SIGINT (or request_stop), then drain: report NOT_SERVING, let
+        `on_drain(grace_s)` finish or abort in-flight work, and stop the server."""
+        self.install_signal_handlers()
+        await self._stopping.wait()
+        log.info("draining", extra={"grace_s": grace_s})
+        await self.set_serving(False)
+        if on_drain is not None:
+            await on_drain(grace_s)
+        await self.server.stop(grace=1.0)
+        log.info("stopped")

@@ -1,0 +1,59 @@
+"""The Envoy descriptor set (gen/descriptor.pb) loads and carries every HTTP rule Envoy needs."""
+
+import pathlib
+
+import pytest
+from google.api import annotations_pb2
+from google.protobuf import descriptor_pb2, descriptor_pool
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+DESCRIPTOR = ROOT / "gen" / "descriptor.pb"
+
+EXPECTED_RULES = {
+    "Generate": ("post", "/v1/generate"),
+    "GenerateStream": ("post", "/v1/generate_stream"),
+    "Session": ("post", "/v1/session"),
+    "Append": ("post", "/v1/requests/{append.request_id}:append"),
+    "Cancel": ("post", "/v1/requests/{request_id}:cancel"),
+    "ListModels": ("get", "/v1/models"),
+    "CreateChatCompletion": ("post", "/v1/chat/completions"),
+    "CreateCompletion": ("post", "/v1/completions"),
+}
+
+
+@pytest.fixture(scope="module")
+def file_set():
+    fds = descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTOR.read_bytes())
+    return {f.name: f for f in fds.file}
+
+
+def test_descriptor_set_includes_imports_and_rich_error_protos(file_set):
+    for name in ["google/api/annotations.proto", "google/api/http.proto", "google/api/httpbody.proto",
+                 "google/rpc/status.proto", "google/rpc/error_details.proto",
+                 "google/protobuf/struct.proto", "mstar/v1/messages.proto"]:
+        assert name in file_set, f"{name} missing: Envoy cannot build its pool / render rich errors"
+
+
+def test_descriptor_set_builds_a_pool_with_both_services(file_set):
+    pool = descriptor_pool.DescriptorPool()
+    pending = dict(file_set)
+    while pending:  # add in dependency order
+        progressed = False
+        for name, fdp in list(pending.items()):
+            if all(dep not in pending for dep in fdp.dependency):
+                pool.Add(fdp)
+                del pending[name]
+                progressed = True
+        assert progressed, f"unresolvable imports in {sorted(pending)}"
+    assert pool.FindServiceByName("mstar.v1.InferenceService")
+    assert pool.FindServiceByName("mstar.v1.GenerationService")
+    assert pool.FindMessageTypeByName("google.rpc.Status")
+
+
+def test_every_public_rpc_has_its_http_rule(file_set):
+    service = next(s for s in file_set["mstar/v1/inference_service.proto"].service if s.name == "InferenceService")
+    rules = {}
+    for method in service.method:
+        ext = method.options.Extensions[annotations_pb2.http]
+        rules[method.name] = (ext.WhichOneof("pattern"), getattr(ext, ext.WhichOneof("pattern")))
+    assert rules == EXPECTED_RULES
