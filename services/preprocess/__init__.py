@@ -1,0 +1,1 @@
+"""The preprocess service: public InferenceService in front of the generation service."""

@@ -1,0 +1,101 @@
+"""Render chat messages with the model's own Jinja chat template, the way Hugging Face's
+`apply_chat_template` does: an immutable sandboxed environment with trim_blocks/lstrip_blocks,
+loop controls, a non-HTML-escaping `tojson`, `raise_exception`, `strftime_now`, and the special
+tokens passed as variables. Templates come from model files, so they are untrusted code: the
+sandbox is what keeps them from reaching Python internals.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from services.preprocess.tokenizer import SpecialTokens
+
+ROLES = ("system", "user", "assistant")
+# Marks where streamed (appended) text goes inside the rendered conversation; chosen so no
+# template would produce or alter it.
+_SENTINEL = "\u2063mstar-streamed-input\u2063"
+
+
+class ChatTemplateError(ValueError):
+    """The conversation cannot be rendered (template raised, or it is malformed)."""
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    # Jinja's built-in tojson HTML-escapes; HF's does not, and templates are written for HF's.
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+class ChatTemplate:
+    """A compiled chat template bound to the model's special tokens."""
+
+    def __init__(self, source: str, special: SpecialTokens) -> None:
+        try:
+            self._template = _environment().from_string(source)
+        except jinja2.TemplateError as exc:
+            raise ChatTemplateError(f"invalid chat template: {exc}") from exc
+        self._special = special
+
+    def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
+        """The prompt text for `messages`, ending with the assistant header when asked."""
+        for i, message in enumerate(messages):
+            if message.role not in ROLES:
+                raise ChatTemplateError(f"messages[{i}].role must be one of {', '.join(ROLES)}")
+        try:
+            return self._template.render(
+                messages=[{"role": m.role, "content": m.content} for m in messages],
+                add_generation_prompt=add_generation_prompt,
+                tools=None,
+                documents=None,
+                bos_token=self._special.bos_token,
+                eos_token=self._special.eos_token,
+            )
+        except jinja2.TemplateError as exc:
+            raise ChatTemplateError(f"chat template: {exc}") from exc
+
+    def render_open(self, messages: list[ChatMessage]) -> tuple[str, str]:
+        """Split rendering for a chat whose last message's content is still streaming in.
+
+        Returns (head, tail): the prompt is head + <appended text> + tail, where the appended
+        text continues the LAST message's content and tail closes it and opens the assistant
+        turn. Rendered once with a sentinel so the template decides both halves.
+        """
+        if not messages:
+            raise ChatTemplateError("messages must not be empty when input is streamed")
+        last = messages[-1]
+        marked = messages[:-1] + [ChatMessage(last.role, last.content + _SENTINEL)]
+        text = self.render(marked)
+        if text.count(_SENTINEL) != 1:
+            raise ChatTemplateError("this chat template cannot stream the last message's content")
+        head, tail = text.split(_SENTINEL)
+        return head, tail

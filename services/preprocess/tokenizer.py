@@ -1,0 +1,208 @@
+"""Text <-> token ids for one model, built on the `tokenizers` library.
+
+Two sources: the `tokenizer.ggml.*` metadata of a GGUF file (the embedded default model) or a
+Hugging Face `tokenizer.json`. Besides encode/decode the tokenizer exposes the raw bytes of every
+token, because the streaming detokenizer works on bytes: that is the only representation in which
+a multi-byte character split across tokens can be held back and invalid bytes replaced exactly
+once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers
+
+# GGUF token types (llama.cpp `llama_token_type`): 3 = control (special), 6 = byte (`<0xNN>`).
+_GGUF_CONTROL = 3
+_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's printable stand-in character for each byte, inverted (char -> byte)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+_BYTE_OF_CHAR = _byte_level_alphabet()
+
+
+class TokenizerError(ValueError):
+    """The tokenizer files are missing, malformed or of an unsupported kind."""
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """Control tokens the template and the engine need."""
+
+    bos_token: str
+    eos_token: str
+    eos_token_ids: tuple[int, ...]
+    special_ids: frozenset[int]
+
+
+class Tokenizer:
+    """Encodes prompt text and gives each token's bytes for streaming decode."""
+
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        token_bytes: list[bytes],
+        special: SpecialTokens,
+        split_stable: bool,
+    ) -> None:
+        self._backend = backend
+        self._token_bytes = token_bytes
+        self.special = special
+        # True when encode(a + b) == encode(a) + encode(b) whenever `a` ends on a pre-token
+        # boundary (byte-level BPE). Incremental tokenization of appended text relies on it.
+        self.split_stable = split_stable
+        self._special_texts = tuple(
+            backend.id_to_token(i) or "" for i in sorted(special.special_ids)
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._token_bytes)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`; special-token text is parsed as the special token (like HF)."""
+        return self._backend.encode(text, add_special_tokens=False).ids
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token `token_id` stands for; empty for special tokens (never shown)."""
+        if token_id in self.special.special_ids:
+            return b""
+        return self._token_bytes[token_id]
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Whole-sequence decode (special tokens skipped, invalid UTF-8 -> U+FFFD)."""
+        return b"".join(self.token_bytes(t) for t in token_ids).decode("utf-8", "replace")
+
+    def stable_prefix_length(self, text: str) -> int:
+        """Length of the longest prefix of `text` whose tokens can no longer change when more
+        text is appended: it ends before the last pre-token (BPE merges never cross pre-token
+        boundaries) and before any suffix that could still grow into a special token."""
+        if not self.split_stable:
+            return 0
+        starts = [offsets[0] for _, offsets in self._backend.pre_tokenizer.pre_tokenize_str(text)]
+        i = len(starts) - 1
+        # A committed piece must not depend on text still to come. Two regex alternatives look
+        # ahead: whitespace (`\s+(?!\S)`: "\n\n\n" alone is one piece, before "x" it is
+        # "\n\n" + "\n"), and contractions ("'" then "r" is two pieces, "'re" one), which
+        # span at most 3 characters. So back off over trailing whitespace and the last 3 chars.
+        while i > 0 and (text[starts[i] - 1].isspace() or starts[i - 1] >= len(text) - 3):
+            i -= 1
+        cut = starts[i] if starts else 0
+        for special in self._special_texts:
+            # Never cut inside a complete special token (the pre-tokenizer sees it as text).
+            at = text.find(special)
+            while 0 <= at < cut:
+                if at + len(special) > cut:
+                    cut = at
+                    break
+                at = text.find(special, at + 1)
+            for k in range(min(len(special) - 1, len(text)), 0, -1):
+                if text.endswith(special[:k]):
+                    cut = min(cut, len(text) - k)
+                    break
+        return cut
+
+    # -- builders -------------------------------------------------------------------------
+
+    @classmethod
+    def from_gguf_fields(cls, fields: dict) -> Tokenizer:
+        """Build from decoded `tokenizer.ggml.*` metadata (see model.read_gguf_metadata)."""
+        kind = fields.get("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise TokenizerError(f"GGUF tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2' only)")
+        tokens: list[str] = fields["tokenizer.ggml.tokens"]
+        types: list[int] = fields.get("tokenizer.ggml.token_type", [1] * len(tokens))
+        merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]
+        vocab = {t: i for i, t in enumerate(tokens)}
+        backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = decoders.ByteLevel()
+        special_ids = frozenset(i for i, t in enumerate(types) if t == _GGUF_CONTROL)
+        backend.add_special_tokens(
+            [tokenizers.AddedToken(tokens[i], special=True, normalized=False) for i in sorted(special_ids)]
+        )
+        bos_id = fields.get("tokenizer.ggml.bos_token_id")
+        eos_id = fields.get("tokenizer.ggml.eos_token_id")
+        special = SpecialTokens(
+            bos_token=tokens[bos_id] if bos_id is not None else "",
+            eos_token=tokens[eos_id] if eos_id is not None else "",
+            eos_token_ids=(eos_id,) if eos_id is not None else (),
+            special_ids=special_ids,
+        )
+        token_bytes = [_byte_level_bytes(t) for t in tokens]
+        return cls(backend, token_bytes, special, split_stable=True)
+
+    @classmethod
+    def from_json(cls, path: Path, config: dict | None = None) -> Tokenizer:
+        """Build from a Hugging Face `tokenizer.json`; `config` is its tokenizer_config.json."""
+        try:
+            raw = json.loads(Path(path).read_text(encoding="utf-8"))
+            backend = tokenizers.Tokenizer.from_file(str(path))
+        except (OSError, ValueError, Exception) as exc:  # tokenizers raises plain Exception
+            raise TokenizerError(f"cannot load {path}: {exc}") from exc
+        config = config or {}
+        byte_level = _mentions(raw.get("decoder"), "ByteLevel")
+        byte_fallback = bool((raw.get("model") or {}).get("byte_fallback"))
+        special_ids = frozenset(t["id"] for t in raw.get("added_tokens", []) if t.get("special"))
+        size = backend.get_vocab_size(with_added_tokens=True)
+        token_bytes = []
+        for i in range(size):
+            piece = backend.id_to_token(i) or ""
+            if byte_level:
+                token_bytes.append(_byte_level_bytes(piece))
+            elif byte_fallback and _BYTE_TOKEN.match(piece):
+                token_bytes.append(bytes([int(piece[3:5], 16)]))
+            else:
+                token_bytes.append(piece.replace("\u2581", " ").encode("utf-8"))
+        bos = _token_text(config.get("bos_token"))
+        eos = _token_text(config.get("eos_token"))
+        eos_id = backend.token_to_id(eos) if eos else None
+        special = SpecialTokens(
+            bos_token=bos,
+            eos_token=eos,
+            eos_token_ids=(eos_id,) if eos_id is not None else (),
+            special_ids=special_ids,
+        )
+        pre = raw.get("pre_tokenizer") or {}
+        split_stable = byte_level and _mentions(pre, "ByteLevel") and not pre.get("add_prefix_space", False)
+        return cls(backend, token_bytes, special, split_stable=split_stable)
+
+
+def _byte_level_bytes(piece: str) -> bytes:
+    # Added tokens of byte-level vocabularies may hold characters outside the alphabet; keep
+    # them as their UTF-8 text, which is how the ByteLevel decoder renders them too.
+    if all(c in _BYTE_OF_CHAR for c in piece):
+        return bytes(_BYTE_OF_CHAR[c] for c in piece)
+    return piece.encode("utf-8")
+
+
+def _mentions(node: object, kind: str) -> bool:
+    """True if a tokenizer.json component (possibly a Sequence) contains `kind`."""
+    if isinstance(node, dict):
+        return node.get("type") == kind or any(_mentions(v, kind) for v in node.values())
+    if isinstance(node, list):
+        return any(_mentions(v, kind) for v in node)
+    return False
+
+
+def _token_text(value: object) -> str:
+    if isinstance(value, dict):
+        return str(value.get("content", ""))
+    return str(value or "")
