@@ -11,7 +11,7 @@ concatenation of all deltas equals `Tokenizer.decode(all ids)` for every way of 
 from __future__ import annotations
 
 import codecs
-from typing import Callable
+from collections.abc import Callable
 
 
 class Detokenizer:

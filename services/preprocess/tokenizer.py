@@ -32,7 +32,7 @@ def _byte_level_alphabet() -> dict[str, int]:
             printable.append(b)
             chars.append(256 + extra)
             extra += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
 
 
 _BYTE_OF_CHAR = _byte_level_alphabet()
@@ -68,9 +68,7 @@ class Tokenizer:
         # True when encode(a + b) == encode(a) + encode(b) whenever `a` ends on a pre-token
         # boundary (byte-level BPE). Incremental tokenization of appended text relies on it.
         self.split_stable = split_stable
-        self._special_texts = tuple(
-            backend.id_to_token(i) or "" for i in sorted(special.special_ids)
-        )
+        self._special_texts = tuple(backend.id_to_token(i) or "" for i in sorted(special.special_ids))
 
     @property
     def vocab_size(self) -> int:
@@ -126,7 +124,9 @@ class Tokenizer:
         """Build from decoded `tokenizer.ggml.*` metadata (see model.read_gguf_metadata)."""
         kind = fields.get("tokenizer.ggml.model")
         if kind != "gpt2":
-            raise TokenizerError(f"GGUF tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2' only)")
+            raise TokenizerError(
+                f"GGUF tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2' only)"
+            )
         tokens: list[str] = fields["tokenizer.ggml.tokens"]
         types: list[int] = fields.get("tokenizer.ggml.token_type", [1] * len(tokens))
         merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]

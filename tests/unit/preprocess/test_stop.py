@@ -83,7 +83,7 @@ stop_strings = st.lists(st.text(alphabet="abc", min_size=1, max_size=4), max_siz
 @given(stop_strings, st.text(alphabet="abcd", max_size=30), st.lists(st.integers(0, 30)), st.booleans())
 def test_property_chunking_invariant_and_no_leak(stops, text, cuts, include):
     points = sorted({c for c in cuts if c <= len(text)})
-    chunks = [text[a:b] for a, b in zip([0] + points, points + [len(text)])]
+    chunks = [text[a:b] for a, b in zip([0] + points, points + [len(text)], strict=True)]
     out, stop = _run(stops, chunks, include)
     assert ("".join(out), stop) == reference(stops, text, include)
     # Never leak: at every moment, what was emitted is a prefix of the final text and, if a

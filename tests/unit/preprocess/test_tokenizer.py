@@ -40,7 +40,11 @@ def test_decode_equals_transformers(model_spec, hf_tokenizer, line):
 
 def test_special_tokens(model_spec):
     special = model_spec.tokenizer.special
-    assert (special.bos_token, special.eos_token, special.eos_token_ids) == ("<|im_start|>", "<|im_end|>", (2,))
+    assert (special.bos_token, special.eos_token, special.eos_token_ids) == (
+        "<|im_start|>",
+        "<|im_end|>",
+        (2,),
+    )
     assert model_spec.tokenizer.encode("<|im_end|>") == [2]
     assert model_spec.tokenizer.token_bytes(2) == b""
     assert model_spec.context_length == 8192
