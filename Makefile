@@ -75,8 +75,7 @@ breaking: $(STAMP_PROTO) ## buf breaking (FILE) against the committed main branc
 	rm -rf build/against && mkdir -p build/against
 	git archive main buf.yaml protos | tar -x -C build/against
 	mkdir -p build/against/build && cp -r $(GOOGLEAPIS) build/against/build/
-	$(BUF) build build/against -o build/against.binpb
-	$(BUF) breaking --against build/against.binpb
+	$(BUF) breaking --against build/against
 
 # ---------------------------------------------------------------- tests
 .PHONY: test
