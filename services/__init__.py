@@ -1,0 +1,1 @@
+"""mstar services: preprocess and generation."""

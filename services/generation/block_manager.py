@@ -1,0 +1,149 @@
+"""Fixed-size KV blocks: ref counts, a free list, and automatic prefix caching (no torch, no grpc).
+
+A block holds ``block_size`` consecutive tokens of one or more sequences. Once a block is full and
+its K/V computed, it is registered under a hash of (hash of the previous block, its tokens), so a
+later sequence with the same prefix reuses it instead of recomputing it. Freed blocks keep their
+hash while they sit in the free list (least recently freed reused first), so a prefix survives
+until its block is actually needed for something else.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from services.generation.sequence import Sequence
+
+_ROOT_HASH = 0x6D73746172  # parent hash of a sequence's first block
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None
+    token_ids: tuple[int, ...] = ()  # kept to rule out hash collisions on lookup
+
+
+def hash_block(parent_hash: int, token_ids: tuple[int, ...]) -> int:
+    return hash((parent_hash, token_ids))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.hash_to_block_id: dict[int, int] = {}
+        self.free_block_ids: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        # Cumulative prefix-cache counters (prompt tokens looked up / found), for the hit rate.
+        self.num_prefix_query_tokens = 0
+        self.num_prefix_hit_tokens = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_block_ids)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_block_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- prefix cache -------------------------------------------------------------------------
+
+    def allocate_cached_prefix(self, seq: Sequence) -> int:
+        """Give a block-less sequence the cached blocks of its longest cached prefix.
+
+        At least one token is always left to compute (its logits are needed), so the lookup stops
+        before the block holding the last token. Returns the number of tokens reused.
+        """
+        if seq.block_table:
+            raise ValueError("allocate_cached_prefix needs a sequence without blocks")
+        num_lookup_blocks = (len(seq) - 1) // self.block_size
+        parent = _ROOT_HASH
+        hits: list[int] = []
+        for i in range(num_lookup_blocks):
+            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+            h = seq.block_hashes[i] if i < len(seq.block_hashes) else hash_block(parent, tokens)
+            block_id = self.hash_to_block_id.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            hits.append(block_id)
+            parent = h
+        for block_id in hits:
+            self._take(block_id)
+        seq.block_table = hits
+        seq.num_computed_tokens = len(hits) * self.block_size
+        self.num_prefix_query_tokens += len(seq)
+        self.num_prefix_hit_tokens += seq.num_computed_tokens
+        return seq.num_computed_tokens
+
+    def register_computed_blocks(self, seq: Sequence) -> None:
+        """Hash the sequence's blocks that became full and computed, so others can reuse them."""
+        num_full = seq.num_computed_tokens // self.block_size
+        for i in range(len(seq.block_hashes), num_full):
+            parent = seq.block_hashes[i - 1] if i else _ROOT_HASH
+            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+            h = hash_block(parent, tokens)
+            seq.block_hashes.append(h)
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None and h not in self.hash_to_block_id:
+                block.hash, block.token_ids = h, tokens
+                self.hash_to_block_id[h] = block.block_id
+
+    # -- allocation ---------------------------------------------------------------------------
+
+    def num_new_blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        return max(self.num_blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table), 0)
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self.num_new_blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Add the blocks that the next num_new_tokens of seq need (call can_allocate first)."""
+        num_needed = self.num_new_blocks_needed(seq, num_new_tokens)
+        if num_needed > self.num_free_blocks:
+            raise RuntimeError(f"need {num_needed} blocks, {self.num_free_blocks} free")
+        for _ in range(num_needed):
+            block_id = next(iter(self.free_block_ids))
+            self._evict(block_id)
+            self._take(block_id)
+            seq.block_table.append(block_id)
+
+    def free(self, seq: Sequence, keep_cache: bool = True) -> None:
+        """Drop seq's references. keep_cache=False also forgets its blocks' hashes (bad K/V)."""
+        # Tail first, so the blocks of a shared prefix are the last to be reused.
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            if block.ref_count <= 0:
+                raise RuntimeError(f"block {block_id} freed more often than taken")
+            block.ref_count -= 1
+            if not keep_cache:
+                self._evict(block_id)
+            if block.ref_count == 0:
+                self.free_block_ids[block_id] = None
+                if block.hash is None:  # nothing worth keeping: reuse it first
+                    self.free_block_ids.move_to_end(block_id, last=False)
+        seq.block_table = []
+        if not keep_cache:
+            seq.block_hashes = []
+
+    def _take(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free_block_ids[block_id]
+        block.ref_count += 1
+
+    def _evict(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.hash is not None and self.hash_to_block_id.get(block.hash) == block_id:
+            del self.hash_to_block_id[block.hash]
+        block.hash, block.token_ids = None, ()

@@ -1,0 +1,301 @@
+"""The engine: one thread that loops schedule -> run -> postprocess and reports every step.
+
+Callers on any thread use add_request / append / abort; those only enqueue a command, which the
+loop thread applies before its next step, so the scheduler and block manager are only ever touched
+by one thread. After each step that produced anything, ``on_step(StepOutput)`` is called on the
+loop thread (the servicer forwards it to asyncio with call_soon_threadsafe). Every request ends
+with exactly one Completion (finished or cancelled) or Failure, except keys that were never known.
+If a step raises, every in-flight request fails with UNAVAILABLE, ``on_dead`` is called once, and
+the loop keeps answering commands (new requests fail fast) until stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from services.common import errors
+from services.generation.block_manager import BlockManager
+from services.generation.outputs import (
+    FINISH_CANCELLED,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Completion,
+    Failure,
+    StepOutput,
+    TokenEvent,
+)
+from services.generation.request_checks import check_input_end, check_prompt_tokens
+from services.generation.sampling_params import SamplingParams, validate_sampling_params
+from services.generation.scheduler import Scheduler, SchedulerConfig
+from services.generation.sequence import Sequence, SequenceStatus, Timing
+from services.generation.stats import EngineStats
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Engine", "EngineConfig", "SamplingParams", "StepOutput"]
+
+
+@dataclass
+class EngineConfig:
+    num_blocks: int = 1024
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    idle_wait_s: float = 0.05  # how long an idle loop sleeps between checks for stop
+
+
+class Engine:
+    def __init__(
+        self,
+        runner,
+        config: EngineConfig,
+        on_step: Callable[[StepOutput], None],
+        on_dead: Callable[[BaseException], None] | None = None,
+    ):
+        """runner: ModelRunner or NullRunner (vocab_size, eos_token_ids, max_model_len, run, clear_blocks)."""
+        self.runner = runner
+        self.config = config
+        self.block_manager = BlockManager(config.num_blocks, config.block_size)
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.block_manager
+        )
+        self.on_step = on_step
+        self.on_dead = on_dead
+        self.seqs: dict[Hashable, Sequence] = {}
+        self.stats = EngineStats()
+        self.is_dead = False
+        self.is_admitting = True
+        self.num_steps = 0
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next_seq_id = 0
+        self._wall_offset = time.time() - time.monotonic()
+
+    # -- thread-safe API ----------------------------------------------------------------------
+
+    def add_request(self, key: Hashable, prompt_token_ids: list[int], params: SamplingParams, input_done=True):
+        self._commands.put(("add", key, list(prompt_token_ids), params, input_done, time.monotonic()))
+
+    def append(self, key: Hashable, token_ids: list[int], input_done: bool) -> None:
+        self._commands.put(("append", key, list(token_ids), input_done, time.monotonic()))
+
+    def abort(self, key: Hashable) -> None:
+        self._commands.put(("abort", key))
+
+    def stop_admitting(self) -> None:
+        """Draining: new requests fail with UNAVAILABLE, running ones continue."""
+        self.is_admitting = False
+
+    def fail_all(self, error: errors.MstarError) -> None:
+        """End every in-flight request with error (end of a drain grace period)."""
+        self._commands.put(("fail_all", error))
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.seqs)  # a dict's len is safe to read from another thread
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._commands.put(("wake",))
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # -- loop thread ----------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            out = StepOutput(step=self.num_steps)
+            try:
+                has_work = not self.is_dead and self.scheduler.has_work()
+                self._apply_commands(out, wait_s=0.0 if has_work else self.config.idle_wait_s)
+                if not self.is_dead and self.scheduler.has_work():
+                    self._step(out)
+            except Exception as e:  # a crashed step: fail everyone, go NOT_SERVING
+                self._die(e, out)
+            self.stats.update(self)
+            if out:
+                self.on_step(out)
+
+    def _apply_commands(self, out: StepOutput, wait_s: float) -> None:
+        try:
+            command = self._commands.get(timeout=wait_s) if wait_s else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, *args = command
+            if kind == "add":
+                self._add(out, *args)
+            elif kind == "append":
+                self._append(out, *args)
+            elif kind == "abort":
+                self._abort(out, *args)
+            elif kind == "fail_all":
+                for seq in list(self.seqs.values()):
+                    self._fail(out, seq, args[0])
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _reject(self, out: StepOutput, key: Hashable, error: errors.MstarError) -> None:
+        self.stats.num_rejections += 1
+        out.failed.append(Failure(key, error))
+
+    def _add(self, out, key, token_ids, params: SamplingParams, input_done: bool, arrival: float) -> None:
+        if key in self.seqs:
+            # The running request keeps going; the duplicate alone is refused.
+            out.failed.append(Failure(key, errors.already_exists(f"request {key!r} is already running")))
+            return
+        if self.is_dead or not self.is_admitting:
+            why = "the engine failed" if self.is_dead else "the server is draining"
+            self._reject(out, key, errors.unavailable(f"not accepting requests: {why}", "ENGINE_UNAVAILABLE"))
+            return
+        message = validate_sampling_params(params, self.runner.vocab_size)
+        error = errors.invalid_argument("sampling", message) if message else None
+        error = error or check_prompt_tokens(token_ids, len(token_ids), self.runner, self.block_manager)
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        seq = Sequence(key, self._next_seq_id, token_ids, params, seed, Timing(arrival, arrival), input_done)
+        if error is None and input_done:
+            error = check_input_end(seq, self.runner, self.block_manager)
+        if error is not None:
+            self._reject(out, key, error)
+            return
+        self._next_seq_id += 1
+        self.seqs[key] = seq
+        self.scheduler.add(seq)
+
+    def _append(self, out, key, token_ids, input_done: bool, when: float) -> None:
+        seq = self.seqs.get(key)
+        if seq is None:
+            return  # finished or aborted meanwhile: nothing to add to
+        if seq.is_input_done:
+            self._fail(out, seq, errors.failed_precondition(f"request {key!r}: input already ended", "INPUT_ENDED"))
+            return
+        error = check_prompt_tokens(token_ids, seq.num_prompt_tokens + len(token_ids), self.runner, self.block_manager)
+        if error is None:
+            seq.append_prompt(token_ids)
+            if input_done:
+                seq.is_input_done = True
+                seq.timing.ingest = when
+                error = check_input_end(seq, self.runner, self.block_manager)
+        if error is not None:
+            self._fail(out, seq, error)
+
+    def _abort(self, out: StepOutput, key: Hashable) -> None:
+        seq = self.seqs.get(key)
+        if seq is not None:
+            self._finish(out, seq, FINISH_CANCELLED)
+
+    def _step(self, out: StepOutput) -> None:
+        batch = self.scheduler.schedule()
+        now = time.monotonic()
+        for seq in batch.preempted:
+            seq.timing.preempted_at = now
+        for seq in batch.unfittable:
+            self._fail(out, seq, errors.resource_exhausted(
+                f"request {seq.key!r} needs more KV blocks than the pool has", "KV_CACHE_TOO_SMALL", None))
+        if not batch:
+            return
+        sampling = [seq.is_sampling_step(n) for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True)]
+        for seq in batch.seqs:
+            t = seq.timing
+            if t.first_scheduled is None:
+                t.first_scheduled = now
+            if t.preempted_at is not None:
+                t.preempted_s += now - t.preempted_at
+                t.preempted_at = None
+        result = self.runner.run(batch.seqs, batch.num_new_tokens, sampling)
+        done = time.monotonic()
+        self.num_steps += 1
+        out.num_batched_tokens = batch.num_tokens
+        self.stats.num_batched_tokens_total += batch.num_tokens
+        row = 0
+        for seq, n, is_sampling in zip(batch.seqs, batch.num_new_tokens, sampling, strict=True):
+            if seq.is_prefill_step():
+                seq.timing.prefill_s += done - now
+            seq.num_computed_tokens += n
+            self.block_manager.register_computed_blocks(seq)
+            if not is_sampling:
+                continue
+            r, row = row, row + 1
+            if not result.is_finite[r]:
+                self._fail(out, seq, errors.internal(
+                    f"request {seq.key!r}: the model produced non-finite logits", "NON_FINITE_LOGITS"))
+                continue
+            token = result.token_ids[r]
+            seq.append_output(token)
+            seq.timing.first_token = seq.timing.first_token or done
+            seq.timing.last_token = done
+            out.tokens.append(TokenEvent(seq.key, token, seq.num_output_tokens - 1, result.logprobs[r]))
+            self.stats.num_generated_tokens += 1
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self._finish(out, seq, reason)
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        if token in seq.params.stop_token_ids or (not seq.params.ignore_eos and token in self.runner.eos_token_ids):
+            return FINISH_STOP
+        if seq.num_output_tokens >= seq.max_tokens or len(seq) >= self.runner.max_model_len:
+            return FINISH_LENGTH
+        return None
+
+    def _remove(self, seq: Sequence, keep_cache: bool = True) -> None:
+        del self.seqs[seq.key]
+        if seq.status != SequenceStatus.FINISHED:
+            self.scheduler.remove(seq, keep_cache=keep_cache)
+
+    def _finish(self, out: StepOutput, seq: Sequence, reason: str) -> None:
+        self._remove(seq)
+        t, now = seq.timing, time.monotonic()
+        first = t.first_token or now
+        ms = 1000.0
+        out.completed.append(Completion(
+            key=seq.key,
+            finish_reason=reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            queue_ms=((t.first_scheduled or now) - t.arrival) * ms,
+            prefill_ms=t.prefill_s * ms,
+            ttft_ms=(first - t.ingest) * ms if t.first_token else 0.0,
+            decode_ms=((t.last_token or first) - first) * ms,
+            e2e_ms=(now - t.arrival) * ms,
+            preempted_ms=t.preempted_s * ms,
+            arrival_time=t.arrival + self._wall_offset,
+            ingest_time=t.ingest + self._wall_offset,
+            finish_time=now + self._wall_offset,
+            warnings=list(seq.warnings),
+        ))
+        self.stats.num_finished += 1
+
+    def _fail(self, out: StepOutput, seq: Sequence, error: errors.MstarError) -> None:
+        if error.reason == "NON_FINITE_LOGITS":
+            # Scrub its own blocks so stale NaN/Inf never reaches a later reader; forget their hashes.
+            own = [b for b in seq.block_table if self.block_manager.blocks[b].ref_count == 1]
+            self.runner.clear_blocks(own)
+            self._remove(seq, keep_cache=False)
+        else:
+            self._remove(seq)
+        out.failed.append(Failure(seq.key, error))
+        self.stats.num_failed += 1
+
+    def _die(self, exc: BaseException, out: StepOutput) -> None:
+        log.exception("engine step failed; failing all requests", exc_info=exc)
+        self.is_dead = True
+        error = errors.unavailable(f"the engine failed: {type(exc).__name__}: {exc}", "ENGINE_FAILED", None)
+        for seq in list(self.seqs.values()):
+            del self.seqs[seq.key]
+            out.failed.append(Failure(seq.key, error))
+        if self.on_dead is not None:
+            self.on_dead(exc)

@@ -1,0 +1,117 @@
+"""Build a step's tensors from the scheduled sequences, run the model over the paged cache, sample.
+
+Step tensors are assembled as Python lists and converted with one torch.tensor call each (no per
+token tensor ops); decode rows and prefill chunks share one flat [T] batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from kernels.dispatch import KernelOps
+from services.generation.models.llama import KVCache, StepMetadata, Transformer
+from services.generation.sampler import Sampler, SampleOutput
+from services.generation.sequence import Sequence
+from services.generation.weights.checkpoint import Checkpoint
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunnerConfig:
+    num_blocks: int = 1024
+    block_size: int = 16
+    device: str = "auto"  # auto: cuda when available, else cpu
+    num_threads: int = 2  # torch intra-op threads on CPU (measured: see docs/benchmarks-engine.md)
+    force_triton: bool = False  # run the Triton kernels under TRITON_INTERPRET=1 (tests)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class ModelRunner:
+    def __init__(self, checkpoint: Checkpoint, config: RunnerConfig):
+        self.config = config
+        self.model_config = checkpoint.config
+        self.device = resolve_device(config.device)
+        # CUDA: bf16 + Triton. CPU: fp32 + torch references (bf16 matmuls are slow on most CPUs).
+        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        if self.device.type == "cpu":
+            torch.set_num_threads(config.num_threads)
+        self.ops = KernelOps.create(self.device, force_triton=config.force_triton)
+        self.block_size = config.block_size
+        with torch.inference_mode():
+            self.model = Transformer(checkpoint.config, self.ops, checkpoint.state_dict, self.device, self.dtype)
+            self.kv_cache = KVCache(checkpoint.config, config.num_blocks, config.block_size, self.device, self.dtype)
+        self.sampler = Sampler(self.ops, self.device)
+        log.info(
+            "model ready",
+            extra={"device": str(self.device), "dtype": str(self.dtype), "threads": torch.get_num_threads()},
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.model_config.eos_token_ids
+
+    @property
+    def max_model_len(self) -> int:
+        return self.model_config.max_position_embeddings
+
+    def prepare(self, seqs: list[Sequence], num_new_tokens: list[int], sampling: list[bool]):
+        """Step tensors for seqs computing num_new_tokens each; logits at the sampling ones' last row."""
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        cu_seqlens = [0]
+        context_lens: list[int] = []
+        logits_indices: list[int] = []
+        for seq, n, is_sampling in zip(seqs, num_new_tokens, sampling, strict=True):
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            table = seq.block_table
+            for b in range(start // bs, (end - 1) // bs + 1):  # one range per touched block
+                lo, hi = max(start, b * bs), min(end, (b + 1) * bs)
+                base = table[b] * bs - b * bs
+                slots.extend(range(base + lo, base + hi))
+            cu_seqlens.append(cu_seqlens[-1] + n)
+            context_lens.append(end)
+            if is_sampling:
+                logits_indices.append(cu_seqlens[-1] - 1)
+        width = max(len(s.block_table) for s in seqs)
+        tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
+        dev = self.device
+        meta = StepMetadata(
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
+            cu_seqlens_q=torch.tensor(cu_seqlens, dtype=torch.int32, device=dev),
+            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=dev),
+            logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=dev),
+        )
+        return torch.tensor(input_ids, dtype=torch.int64, device=dev), meta
+
+    @torch.inference_mode()
+    def run(self, seqs: list[Sequence], num_new_tokens: list[int], sampling: list[bool]) -> SampleOutput:
+        """Compute the scheduled tokens; sample one token for each seq with sampling[i] True."""
+        input_ids, meta = self.prepare(seqs, num_new_tokens, sampling)
+        logits = self.model.forward(input_ids, meta, self.kv_cache)  # [S, V]
+        sampled = [s for s, is_sampling in zip(seqs, sampling, strict=True) if is_sampling]
+        if not sampled:
+            return SampleOutput([], [], [])
+        return self.sampler(logits, sampled)
+
+    def clear_blocks(self, block_ids: list[int]) -> None:
+        with torch.inference_mode():
+            self.kv_cache.clear_blocks(block_ids)

@@ -1,0 +1,121 @@
+"""Turn a step's logits into tokens: penalties, logprobs, then KernelOps.sample for the draw.
+
+Per row (one per sequence that samples this step), in order:
+  1. rows with non-finite logits are reported and given a harmless placeholder token; the engine
+     fails exactly those requests (their batch-mates are unaffected: every op here is row-wise);
+  2. logprobs (when asked): log_softmax of the model's logits, the sampled token's value and the
+     top-n, before penalties and temperature, as vLLM reports them;
+  3. penalties on the logits: repetition (CTRL/HF: divide positive logits, multiply negative ones,
+     for tokens in prompt or output), frequency (minus f * count in output) and presence (minus p
+     once if in output);
+  4. KernelOps.sample: temperature, top-k, top-p, min-p and a seeded Gumbel-max draw whose noise is
+     a pure function of (seed, index of the output token, vocab index), so a seeded request gives
+     the same tokens alone, in any batch, and after a preemption.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.dispatch import KernelOps
+from services.generation.sequence import Sequence
+
+
+@dataclass
+class TokenLogprobs:
+    logprob: float
+    top_token_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass
+class SampleOutput:
+    token_ids: list[int]  # one per row
+    logprobs: list[TokenLogprobs | None]  # one per row; None where not asked
+    is_finite: list[bool]  # False: the row's logits had NaN/Inf; its token is meaningless
+
+
+class Sampler:
+    def __init__(self, ops: KernelOps, device: torch.device):
+        self.ops = ops
+        self.device = device
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleOutput:
+        """logits [S, V] fp32, one row per sequence in seqs."""
+        finite = torch.isfinite(logits).all(dim=-1)  # [S]
+        is_finite = finite.tolist()
+        if not all(is_finite):
+            logits = torch.where(finite[:, None], logits, torch.zeros((), device=logits.device))
+        params = [s.params for s in seqs]
+        want_logprobs = [p.logprobs is not None for p in params]
+        log_probs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None  # [S, V]
+        if any(p.has_penalties for p in params):
+            logits = apply_penalties(logits, seqs)
+
+        def column(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=self.device)
+
+        tokens = self.ops.sample(
+            logits,
+            column([p.temperature for p in params], torch.float32),
+            column([p.top_k for p in params], torch.int64),
+            column([p.top_p for p in params], torch.float32),
+            column([p.min_p for p in params], torch.float32),
+            column([s.seed for s in seqs], torch.int64),
+            column([s.num_output_tokens for s in seqs], torch.int64),
+        )  # [S] int64
+        token_ids = tokens.tolist()
+        logprobs: list[TokenLogprobs | None] = [None] * len(seqs)
+        if log_probs is not None:
+            logprobs = gather_logprobs(log_probs, tokens, [p.logprobs for p in params])
+        return SampleOutput(token_ids, logprobs, is_finite)
+
+
+def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Penalised copy of logits [S, V]; rows without penalties are untouched."""
+    rows = [i for i, s in enumerate(seqs) if s.params.has_penalties]
+    vocab = logits.shape[-1]
+    out = logits.clone()
+    sub = out[rows]  # [R, V]
+    device = logits.device
+
+    def counts(id_lists: list[list[int]]) -> torch.Tensor:  # [R, V] occurrences per token
+        width = max(1, max(len(ids) for ids in id_lists))
+        padded = torch.full((len(id_lists), width), vocab, dtype=torch.int64, device=device)
+        for r, ids in enumerate(id_lists):
+            if ids:
+                padded[r, : len(ids)] = torch.tensor(ids, dtype=torch.int64, device=device)
+        c = torch.zeros(len(id_lists), vocab + 1, device=device)  # column V absorbs the padding
+        c.scatter_add_(1, padded, torch.ones_like(padded, dtype=c.dtype))
+        return c[:, :vocab]
+
+    chosen = [seqs[i] for i in rows]
+    output_counts = counts([s.output_token_ids for s in chosen])  # [R, V]
+    rep = torch.tensor([s.params.repetition_penalty for s in chosen], device=device)[:, None]  # [R, 1]
+    if bool((rep != 1.0).any()):
+        seen = counts([s.token_ids for s in chosen]) > 0  # prompt + output
+        penalised = torch.where(sub > 0, sub / rep, sub * rep)
+        sub = torch.where(seen, penalised, sub)
+    freq = torch.tensor([s.params.frequency_penalty for s in chosen], device=device)[:, None]
+    pres = torch.tensor([s.params.presence_penalty for s in chosen], device=device)[:, None]
+    sub = sub - freq * output_counts - pres * (output_counts > 0).to(sub.dtype)
+    out[rows] = sub
+    return out
+
+
+def gather_logprobs(log_probs: torch.Tensor, tokens: torch.Tensor, top_n: list[int | None]) -> list:
+    """The sampled token's logprob and the top-n alternatives for each row that asked."""
+    chosen = log_probs.gather(1, tokens[:, None]).squeeze(1).tolist()  # [S]
+    k = max((n or 0) for n in top_n)
+    top_values, top_ids = (log_probs.topk(k, dim=-1) if k else (None, None))
+    top_values = top_values.tolist() if k else None
+    top_ids = top_ids.tolist() if k else None
+    out: list[TokenLogprobs | None] = []
+    for r, n in enumerate(top_n):
+        if n is None:
+            out.append(None)
+        else:
+            out.append(TokenLogprobs(chosen[r], top_ids[r][:n] if n else [], top_values[r][:n] if n else []))
+    return out

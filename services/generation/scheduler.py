@@ -1,0 +1,149 @@
+"""Continuous batching: which sequences compute how many tokens this step (no torch, no grpc).
+
+Each step has a token budget (max_num_batched_tokens). Running sequences go first, oldest first:
+decodes take one token each, an unfinished (chunked) prefill takes what is left of the budget.
+Then waiting sequences are admitted in arrival order while the budget, max_num_seqs and the free
+blocks allow. When a running sequence needs a block and none is free, the newest running sequence
+is preempted: its blocks go back (their prefix hashes stay, so the recompute often hits the cache)
+and it waits at the head of the queue to recompute its prompt + output later.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from services.generation.block_manager import BlockManager
+from services.generation.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)  # parallel to seqs
+    preempted: list[Sequence] = field(default_factory=list)
+    unfittable: list[Sequence] = field(default_factory=list)  # can never fit in the pool
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def __bool__(self) -> bool:
+        return bool(self.seqs)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+        if config.max_num_seqs < 1 or config.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got {config}")
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0  # cumulative
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def has_work(self) -> bool:
+        return any(s.num_schedulable_tokens for s in self.running) or any(
+            s.num_schedulable_tokens for s in self.waiting
+        )
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def remove(self, seq: Sequence, keep_cache: bool = True) -> None:
+        """Take a finished, failed or aborted sequence out and give its blocks back."""
+        if seq.status == SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status == SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq, keep_cache=keep_cache)
+        seq.status = SequenceStatus.FINISHED
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.config.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_schedulable_tokens, budget)
+            if n == 0:
+                i += 1
+                continue
+            if self._make_room(seq, n, batch):
+                self.block_manager.allocate(seq, n)
+                batch.seqs.append(seq)
+                batch.num_new_tokens.append(n)
+                budget -= n
+                i += 1
+            # else: seq itself was preempted (or marked unfittable); running[i] is now the next one
+        if batch.preempted or batch.unfittable:
+            return batch  # no admissions while memory is short: they would be preempted next step
+        self._admit(batch, budget)
+        return batch
+
+    def _make_room(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
+        """Preempt from the tail until seq's next n tokens fit. False if seq itself had to go."""
+        while not self.block_manager.can_allocate(seq, n):
+            victim = self.running[-1]
+            if victim is seq and len(self.running) == 1:
+                # Alone and still short: only an append that outgrew the pool gets here.
+                self.running.pop()
+                self.block_manager.free(seq)
+                seq.reset_for_recompute()
+                seq.status = SequenceStatus.FINISHED
+                batch.unfittable.append(seq)
+                return False
+            self._preempt(victim, batch)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.reset_for_recompute()
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        batch.preempted.append(seq)
+
+    def _admit(self, batch: ScheduledBatch, budget: int) -> None:
+        skipped: list[Sequence] = []  # streaming inputs with nothing to compute yet keep their place
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            if seq.num_schedulable_tokens == 0:
+                skipped.append(self.waiting.popleft())
+                continue
+            num_cached = self.block_manager.allocate_cached_prefix(seq)
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = num_cached
+            n = min(seq.num_schedulable_tokens, budget)
+            if n and not self.block_manager.can_allocate(seq, n):
+                self.block_manager.free(seq)
+                seq.reset_for_recompute()
+                if not self.running:  # the whole pool is free and still too small
+                    self.waiting.popleft()
+                    seq.status = SequenceStatus.FINISHED
+                    batch.unfittable.append(seq)
+                    continue
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            if n:
+                self.block_manager.allocate(seq, n)
+                batch.seqs.append(seq)
+                batch.num_new_tokens.append(n)
+                budget -= n
+        self.waiting.extendleft(reversed(skipped))

@@ -1,0 +1,60 @@
+"""Engine metrics for ConductorStatus: current gauges and cumulative counters, never per request.
+
+The loop thread writes the counters and publishes an immutable snapshot after every step; other
+threads only read the snapshot (one reference swap, so they never see a half-updated set).
+"""
+
+from __future__ import annotations
+
+GAUGE = "gauge"
+COUNTER = "counter"
+
+KINDS = {
+    "requests_running": GAUGE,
+    "requests_waiting": GAUGE,
+    "kv_blocks_used": GAUGE,
+    "kv_blocks_free": GAUGE,
+    "tokens_per_step": GAUGE,  # mean batched tokens per step since start
+    "prefix_cache_hit_rate": GAUGE,  # cached / looked-up prompt tokens since start
+    "steps": COUNTER,
+    "preemptions": COUNTER,
+    "rejections": COUNTER,
+    "requests_finished": COUNTER,
+    "requests_failed": COUNTER,
+    "generated_tokens": COUNTER,
+    "batched_tokens": COUNTER,
+}
+
+
+class EngineStats:
+    def __init__(self):
+        self.num_rejections = 0
+        self.num_finished = 0
+        self.num_failed = 0
+        self.num_generated_tokens = 0
+        self.num_batched_tokens_total = 0
+        self._snapshot: dict[str, float] = {}
+
+    def update(self, engine) -> None:
+        bm, sched = engine.block_manager, engine.scheduler
+        steps = engine.num_steps
+        self._snapshot = {
+            "requests_running": len(sched.running),
+            "requests_waiting": len(sched.waiting),
+            "kv_blocks_used": bm.num_used_blocks,
+            "kv_blocks_free": bm.num_free_blocks,
+            "tokens_per_step": self.num_batched_tokens_total / steps if steps else 0.0,
+            "prefix_cache_hit_rate": (
+                bm.num_prefix_hit_tokens / bm.num_prefix_query_tokens if bm.num_prefix_query_tokens else 0.0
+            ),
+            "steps": steps,
+            "preemptions": sched.num_preemptions,
+            "rejections": self.num_rejections,
+            "requests_finished": self.num_finished,
+            "requests_failed": self.num_failed,
+            "generated_tokens": self.num_generated_tokens,
+            "batched_tokens": self.num_batched_tokens_total,
+        }
+
+    def snapshot(self) -> dict[str, float]:
+        return self._snapshot
