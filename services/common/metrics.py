@@ -1,0 +1,317 @@
+"""Prometheus metrics for both services: one small class per service, one call per event.
+
+Each service owns a private CollectorRegistry (so tests and two services in one process never
+collide) and serves it on its own port with `start_metrics_server`. Every name, type and label is
+listed in docs/metrics.md; keep the two in step. Labels are low-cardinality enums only, never
+request ids (those go to the JSON log line written at completion).
+
+    gen = GenerationMetrics()                    pre = PreprocessMetrics()
+    gen.on_step(...)          # every step       pre.on_admission_rejected("queue_full")
+    gen.on_request_finished(completion)          pre.on_request_done(request_id, clock, ...)
+    gen.on_request_failed("INVALID_ARGUMENT")    pre.on_conductor_status(status_pb)
+    start_metrics_server("0.0.0.0", 9101, gen.registry)
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+# Latency buckets (seconds) sized for a CPU box: a 135M model's decode step is 10-150 ms and a
+# long prefill or a deep queue reaches tens of seconds.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+request_log = logging.getLogger("mstar.requests")
+
+
+def start_metrics_server(host: str, port: int, registry: CollectorRegistry) -> int:
+    """Serve `registry` as text exposition on http://host:port/metrics from a daemon thread (it
+    never touches the asyncio loop). Port 0 picks a free port; the bound port is returned."""
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return int(server.server_address[1])
+
+
+def _histogram(name: str, doc: str, registry: CollectorRegistry, buckets=LATENCY_BUCKETS, labels=()):
+    return Histogram(name, doc, labelnames=labels, buckets=buckets, registry=registry)
+
+
+class GenerationMetrics:
+    """The engine's metrics (prefix mstar_generation_). Called from the engine loop thread;
+    prometheus-client metrics are thread-safe, so the HTTP thread may scrape at any time."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        p = "mstar_generation_"
+        self.running = Gauge(p + "requests_running", "Requests scheduled in the current step.", registry=r)
+        self.waiting = Gauge(p + "requests_waiting", "Requests queued for admission to a step.", registry=r)
+        self.preempted = Gauge(p + "requests_preempted", "Requests whose KV blocks were reclaimed, "
+                               "waiting to be recomputed.", registry=r)
+        self.kv_used = Gauge(p + "kv_blocks_used", "Paged KV cache blocks in use.", registry=r)
+        self.kv_free = Gauge(p + "kv_blocks_free", "Paged KV cache blocks free.", registry=r)
+        self.steps = Counter(p + "steps", "Engine steps run.", registry=r)
+        self.step_seconds = _histogram(p + "step_seconds", "Wall time of one engine step (model "
+                                       "forward + sampling).", r, STEP_BUCKETS)
+        self.step_tokens = _histogram(p + "step_batch_tokens", "Tokens batched in one step (prefill "
+                                      "chunks + one per decoding row).", r, TOKEN_BUCKETS)
+        self.preemptions = Counter(p + "preemptions", "Times a request was preempted.", registry=r)
+        self.prefix_queries = Counter(p + "prefix_cache_queries_tokens", "Prompt tokens looked up in "
+                                      "the prefix cache.", registry=r)
+        self.prefix_hits = Counter(p + "prefix_cache_hits_tokens", "Prompt tokens served from the "
+                                   "prefix cache.", registry=r)
+        self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens of finished requests.", registry=r)
+        self.generation_tokens = Counter(p + "generation_tokens", "Tokens generated.", registry=r)
+        self.finished = Counter(p + "requests_finished", "Requests ended, by finish reason and status "
+                                "(a gRPC code name; OK for normal completion).",
+                                labelnames=("finish_reason", "status"), registry=r)
+        self.queue = _histogram(p + "queue_seconds", "Arrival to first scheduling.", r)
+        self.prefill = _histogram(p + "prefill_seconds", "Time in prefill steps.", r)
+        self.ttft = _histogram(p + "ttft_seconds", "Arrival (or last append) to first token.", r)
+        self.decode = _histogram(p + "decode_seconds", "First token to last token.", r)
+        self.itl = _histogram(p + "itl_seconds", "Mean inter-token latency of one request "
+                              "(decode time / (tokens - 1)).", r)
+        self.e2e = _histogram(p + "e2e_seconds", "Arrival to completion.", r)
+        self.preempted_time = _histogram(p + "preempted_seconds", "Time a request spent preempted.", r)
+
+    def on_step(
+        self,
+        duration_s: float,
+        *,
+        running: int,
+        waiting: int,
+        preempted: int = 0,
+        kv_blocks_used: int,
+        kv_blocks_free: int,
+        batch_tokens: int,
+        generated_tokens: int,
+        new_preemptions: int = 0,
+        prefix_query_tokens: int = 0,
+        prefix_hit_tokens: int = 0,
+    ) -> None:
+        """After every engine step: the scheduler's state as it leaves the step, plus this step's
+        increments (tokens sampled, preemptions and prefix-cache lookups made in it)."""
+        self.steps.inc()
+        self.step_seconds.observe(duration_s)
+        self.step_tokens.observe(batch_tokens)
+        self.set_idle_state(running, waiting, preempted, kv_blocks_used, kv_blocks_free)
+        self.generation_tokens.inc(generated_tokens)
+        if new_preemptions:
+            self.preemptions.inc(new_preemptions)
+        if prefix_query_tokens:
+            self.prefix_queries.inc(prefix_query_tokens)
+            self.prefix_hits.inc(prefix_hit_tokens)
+
+    def set_idle_state(self, running: int, waiting: int, preempted: int, kv_used: int, kv_free: int) -> None:
+        """Gauges only: also called when the loop goes idle, so a scrape then reads 0 running."""
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.preempted.set(preempted)
+        self.kv_used.set(kv_used)
+        self.kv_free.set(kv_free)
+
+    def on_request_finished(self, completion: Any, status: str = "OK") -> None:
+        """One finished request. `completion` has the engine Completion's fields (finish_reason,
+        num_prompt_tokens, num_output_tokens, queue_ms, prefill_ms, ttft_ms, decode_ms, e2e_ms,
+        preempted_ms) — milliseconds, like the Timings message it also fills."""
+        c = completion
+        self.finished.labels(c.finish_reason, status).inc()
+        self.prompt_tokens.inc(c.num_prompt_tokens)
+        self.queue.observe(c.queue_ms / 1e3)
+        self.prefill.observe(c.prefill_ms / 1e3)
+        self.e2e.observe(c.e2e_ms / 1e3)
+        if c.preempted_ms:
+            self.preempted_time.observe(c.preempted_ms / 1e3)
+        if c.num_output_tokens:
+            self.ttft.observe(c.ttft_ms / 1e3)
+            self.decode.observe(c.decode_ms / 1e3)
+        if c.num_output_tokens > 1:
+            self.itl.observe(c.decode_ms / 1e3 / (c.num_output_tokens - 1))
+
+    def on_request_failed(self, status: str) -> None:
+        """A request that ended with RequestFailed; `status` is the gRPC code name."""
+        self.finished.labels("error", status).inc()
+
+
+@dataclass
+class RequestClock:
+    """Timestamps of one request as the public API sees it; feed it chunks, hand it to
+    PreprocessMetrics.on_request_done. Monotonic seconds."""
+
+    start: float = field(default_factory=time.monotonic)
+    first_token: float | None = None
+    last_token: float | None = None
+    gaps: list[float] = field(default_factory=list)
+    tokens: int = 0
+
+    def on_tokens(self, n: int = 1, now: float | None = None) -> None:
+        """A chunk carrying `n` tokens left for the client. Tokens of one chunk share a timestamp,
+        so only the gap between chunks is an inter-token latency."""
+        if n <= 0:
+            return
+        now = time.monotonic() if now is None else now
+        if self.first_token is None:
+            self.first_token = now
+        elif self.last_token is not None:
+            self.gaps.append(now - self.last_token)
+        self.last_token = now
+        self.tokens += n
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.start
+
+
+class PreprocessMetrics:
+    """The public API's metrics (prefix mstar_preprocess_), as a client would measure them, plus
+    the conductor's pushed snapshots (prefix mstar_conductor_). Call from the asyncio loop."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        p = "mstar_preprocess_"
+        self.in_flight = Gauge(p + "requests_in_flight", "Admitted requests not yet ended.",
+                               labelnames=("rpc",), registry=r)
+        self.rejections = Counter(p + "admission_rejections", "Requests refused by admission or "
+                                  "validation before starting, by reason.", labelnames=("reason",), registry=r)
+        self.requests = Counter(p + "requests", "Requests ended, by RPC, finish reason and status.",
+                                labelnames=("rpc", "finish_reason", "status"), registry=r)
+        self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens of ended requests.", registry=r)
+        self.completion_tokens = Counter(p + "completion_tokens", "Tokens sent to clients.", registry=r)
+        self.ttft = _histogram(p + "ttft_seconds", "Arrival at the API to the first text chunk sent.", r)
+        self.itl = _histogram(p + "itl_seconds", "Gap between consecutive chunks sent to a client.", r)
+        self.e2e = _histogram(p + "e2e_seconds", "Arrival at the API to the terminal event.", r)
+        self.preprocess = _histogram(p + "preprocess_seconds", "Template + tokenization + checks of one "
+                                     "request.", r, STEP_BUCKETS)
+        self.conductor = ConductorCollector()
+        r.register(self.conductor)
+
+    def on_request_started(self, rpc: str) -> RequestClock:
+        """Call once admitted; the returned clock goes back into on_request_done."""
+        self.in_flight.labels(rpc).inc()
+        return RequestClock()
+
+    def on_preprocessed(self, seconds: float) -> None:
+        self.preprocess.observe(seconds)
+
+    def on_admission_rejected(self, reason: str) -> None:
+        """`reason` is the ErrorInfo reason, e.g. TOO_MANY_REQUESTS or PROMPT_TOO_LONG."""
+        self.rejections.labels(reason).inc()
+
+    def on_request_done(
+        self,
+        request_id: str,
+        clock: RequestClock,
+        *,
+        rpc: str,
+        finish_reason: str,
+        status: str = "OK",
+        prompt_tokens: int = 0,
+        completion_tokens: int | None = None,
+        timings: dict[str, float] | None = None,
+    ) -> None:
+        """The terminal event of a request started with on_request_started: observe its latencies,
+        count it, and write its one JSON log line (request id + engine timings, in ms)."""
+        e2e = time.monotonic() - clock.start
+        out_tokens = clock.tokens if completion_tokens is None else completion_tokens
+        self.in_flight.labels(rpc).dec()
+        self.requests.labels(rpc, finish_reason, status).inc()
+        self.prompt_tokens.inc(prompt_tokens)
+        self.completion_tokens.inc(out_tokens)
+        self.e2e.observe(e2e)
+        if clock.ttft_s is not None:
+            self.ttft.observe(clock.ttft_s)
+        for gap in clock.gaps:
+            self.itl.observe(gap)
+        request_log.info("request done", extra={
+            "request_id": request_id, "rpc": rpc, "finish_reason": finish_reason, "status": status,
+            "prompt_tokens": prompt_tokens, "completion_tokens": out_tokens,
+            "api_ttft_ms": None if clock.ttft_s is None else round(clock.ttft_s * 1e3, 3),
+            "api_e2e_ms": round(e2e * 1e3, 3), **{k: round(v, 3) for k, v in (timings or {}).items()},
+        })
+
+    def on_conductor_status(self, status: Any) -> None:
+        """Export a ConductorStatus protobuf pushed by the generation service."""
+        self.conductor.update(status)
+
+
+_INVALID = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def conductor_metric_name(name: str) -> str:
+    """Prometheus name for a ConductorStatus snapshot (`kv_blocks_used` -> mstar_conductor_kv_blocks_used)."""
+    name = _INVALID.sub("_", name)
+    return "mstar_conductor_" + (name[:-6] if name.endswith("_total") else name)
+
+
+class ConductorCollector:
+    """Keeps the latest ConductorStatus and renders it at scrape time. A custom collector because
+    snapshot names and labels are the engine's to choose: nothing here must be declared up front."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: list[tuple[str, bool, dict[str, str], float]] = []
+        self._time = 0.0
+
+    def update(self, status: Any) -> None:
+        from mstar.v1 import messages_pb2
+
+        rows = []
+        for m in status.metrics:
+            counter = m.kind == messages_pb2.METRIC_KIND_COUNTER
+            rows.append((conductor_metric_name(m.name), counter, dict(m.labels), m.value))
+        stamp = status.time.seconds + status.time.nanos / 1e9 if status.HasField("time") else time.time()
+        with self._lock:
+            self._latest, self._time = rows, stamp
+
+    def describe(self) -> Iterable:
+        return []  # unchecked collector: names appear with the first snapshot
+
+    def collect(self) -> Iterable:
+        with self._lock:
+            rows, stamp = list(self._latest), self._time
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+        label_names: dict[str, Sequence[str]] = {}
+        for name, counter, labels, value in rows:
+            if name not in families:
+                cls = CounterMetricFamily if counter else GaugeMetricFamily
+                label_names[name] = sorted(labels)
+                families[name] = cls(name, "Pushed by the generation service in ConductorStatus.",
+                                     labels=label_names[name])
+            if sorted(labels) == list(label_names[name]):  # one label set per family, as Prometheus needs
+                families[name].add_metric([labels[k] for k in label_names[name]], value)
+        if stamp:
+            ts = GaugeMetricFamily("mstar_conductor_status_time_seconds",
+                                   "Unix time of the latest ConductorStatus snapshot.", value=stamp)
+            yield ts
+        yield from families.values()
+
+
+# Per-request breakdown for the HTTP surfaces: response headers on unary calls (sent as gRPC
+# initial metadata, which Envoy turns into headers) and the OpenAI `usage` extension.
+_TIMING_FIELDS = ("queue_ms", "prefill_ms", "time_to_first_token_ms", "decode_ms", "e2e_ms", "preempted_ms")
+
+
+def timing_dict(complete: Any) -> dict[str, float]:
+    """A RequestComplete's Timings as {field_ms: value}, e.g. for the OpenAI usage extension."""
+    t = complete.timings
+    return {f: round(getattr(t, f), 3) for f in _TIMING_FIELDS}
+
+
+def timing_metadata(complete: Any) -> tuple[tuple[str, str], ...]:
+    """x-mstar-* metadata pairs for a finished request (queue, prefill, ttft, decode, e2e in ms;
+    prompt, cached and completion token counts)."""
+    pairs = [("x-mstar-" + f.removesuffix("_ms").replace("_", "-") + "-ms", f"{v:.3f}")
+             for f, v in timing_dict(complete).items()]
+    u = complete.usage
+    pairs += [("x-mstar-prompt-tokens", str(u.prompt_tokens)),
+              ("x-mstar-cached-prompt-tokens", str(u.cached_prompt_tokens)),
+              ("x-mstar-completion-tokens", str(u.completion_tokens))]
+    return tuple(pairs)

@@ -1,0 +1,131 @@
+"""services/common/metrics.py: names, values after events, the conductor export, HTTP serving."""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.request
+from types import SimpleNamespace
+
+from mstar.v1 import messages_pb2
+from prometheus_client import generate_latest
+
+from services.common.logs import JsonFormatter
+from services.common.metrics import (
+    GenerationMetrics,
+    PreprocessMetrics,
+    RequestClock,
+    conductor_metric_name,
+    start_metrics_server,
+    timing_dict,
+    timing_metadata,
+)
+
+
+def value(metrics, name, labels=None):
+    return metrics.registry.get_sample_value(name, labels or {})
+
+
+def completion(**over):
+    base = dict(finish_reason="length", num_prompt_tokens=10, num_cached_tokens=0, num_output_tokens=5,
+                queue_ms=2.0, prefill_ms=30.0, ttft_ms=40.0, decode_ms=80.0, e2e_ms=120.0, preempted_ms=0.0)
+    return SimpleNamespace(**(base | over))
+
+
+def test_generation_step_sets_gauges_and_counts():
+    m = GenerationMetrics()
+    m.on_step(0.05, running=3, waiting=2, preempted=1, kv_blocks_used=7, kv_blocks_free=9,
+              batch_tokens=40, generated_tokens=3, new_preemptions=1, prefix_query_tokens=32, prefix_hit_tokens=16)
+    assert value(m, "mstar_generation_requests_running") == 3
+    assert value(m, "mstar_generation_requests_waiting") == 2
+    assert value(m, "mstar_generation_kv_blocks_free") == 9
+    assert value(m, "mstar_generation_steps_total") == 1
+    assert value(m, "mstar_generation_generation_tokens_total") == 3
+    assert value(m, "mstar_generation_preemptions_total") == 1
+    assert value(m, "mstar_generation_prefix_cache_hits_tokens_total") == 16
+    assert value(m, "mstar_generation_step_seconds_count") == 1
+    assert value(m, "mstar_generation_step_batch_tokens_sum") == 40
+    m.set_idle_state(0, 0, 0, 0, 16)
+    assert value(m, "mstar_generation_requests_running") == 0
+
+
+def test_generation_request_finished_observes_breakdown():
+    m = GenerationMetrics()
+    m.on_request_finished(completion())
+    m.on_request_failed("INVALID_ARGUMENT")
+    assert value(m, "mstar_generation_requests_finished_total", {"finish_reason": "length", "status": "OK"}) == 1
+    assert value(m, "mstar_generation_requests_finished_total",
+                 {"finish_reason": "error", "status": "INVALID_ARGUMENT"}) == 1
+    assert value(m, "mstar_generation_ttft_seconds_sum") == 0.04
+    assert abs(value(m, "mstar_generation_itl_seconds_sum") - 0.02) < 1e-12  # 80 ms over 4 gaps
+    assert value(m, "mstar_generation_prompt_tokens_total") == 10
+    assert value(m, "mstar_generation_preempted_seconds_count") == 0  # never preempted: not observed
+
+
+def test_request_clock_counts_gaps_between_chunks_only():
+    c = RequestClock(start=0.0)
+    c.on_tokens(0, now=0.5)  # an empty chunk (held-back bytes) is not a token
+    c.on_tokens(1, now=1.0)
+    c.on_tokens(2, now=1.1)
+    c.on_tokens(1, now=1.3)
+    assert c.ttft_s == 1.0 and c.tokens == 4
+    assert [round(g, 6) for g in c.gaps] == [0.1, 0.2]
+
+
+def test_preprocess_request_done_and_json_log(caplog):
+    m = PreprocessMetrics()
+    clock = m.on_request_started("GenerateStream")
+    assert value(m, "mstar_preprocess_requests_in_flight", {"rpc": "GenerateStream"}) == 1
+    clock.on_tokens(1)
+    clock.on_tokens(1)
+    with caplog.at_level(logging.INFO, logger="mstar.requests"):
+        m.on_request_done("r-1", clock, rpc="GenerateStream", finish_reason="length", prompt_tokens=7,
+                          timings={"queue_ms": 1.23456})
+    assert value(m, "mstar_preprocess_requests_in_flight", {"rpc": "GenerateStream"}) == 0
+    assert value(m, "mstar_preprocess_requests_total",
+                 {"rpc": "GenerateStream", "finish_reason": "length", "status": "OK"}) == 1
+    assert value(m, "mstar_preprocess_completion_tokens_total") == 2
+    assert value(m, "mstar_preprocess_ttft_seconds_count") == 1
+    assert value(m, "mstar_preprocess_itl_seconds_count") == 1
+    line = json.loads(JsonFormatter().format(caplog.records[-1]))
+    assert line["msg"] == "request done" and line["request_id"] == "r-1" and line["queue_ms"] == 1.235
+    m.on_admission_rejected("TOO_MANY_REQUESTS")
+    assert value(m, "mstar_preprocess_admission_rejections_total", {"reason": "TOO_MANY_REQUESTS"}) == 1
+
+
+def test_conductor_status_export():
+    m = PreprocessMetrics()
+    status = messages_pb2.ConductorStatus()
+    status.time.FromSeconds(1_700_000_000)
+    g = status.metrics.add(family="mstar_generation", name="kv_blocks_used", value=12,
+                           kind=messages_pb2.METRIC_KIND_GAUGE)
+    g.labels["pool"] = "main"
+    status.metrics.add(family="mstar_generation", name="steps", value=99, kind=messages_pb2.METRIC_KIND_COUNTER)
+    m.on_conductor_status(status)
+    assert value(m, "mstar_conductor_kv_blocks_used", {"pool": "main"}) == 12
+    assert value(m, "mstar_conductor_steps_total") == 99
+    assert value(m, "mstar_conductor_status_time_seconds") == 1_700_000_000
+    # A newer snapshot replaces the old one wholesale.
+    m.on_conductor_status(messages_pb2.ConductorStatus())
+    assert value(m, "mstar_conductor_kv_blocks_used", {"pool": "main"}) is None
+    assert conductor_metric_name("a.b-c_total") == "mstar_conductor_a_b_c"
+
+
+def test_timing_metadata_and_dict():
+    done = messages_pb2.RequestComplete()
+    done.timings.time_to_first_token_ms = 12.5
+    done.usage.completion_tokens = 3
+    meta = dict(timing_metadata(done))
+    assert meta["x-mstar-time-to-first-token-ms"] == "12.500"
+    assert meta["x-mstar-completion-tokens"] == "3"
+    assert all(k == k.lower() for k in meta)  # gRPC metadata keys must be lowercase
+    assert timing_dict(done)["time_to_first_token_ms"] == 12.5
+
+
+def test_metrics_server_serves_exposition():
+    m = GenerationMetrics()
+    m.on_step(0.01, running=1, waiting=0, kv_blocks_used=1, kv_blocks_free=1, batch_tokens=1, generated_tokens=1)
+    port = start_metrics_server("127.0.0.1", 0, m.registry)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert "mstar_generation_steps_total 1.0" in body
+    assert body == generate_latest(m.registry).decode() or "mstar_generation_step_seconds_bucket" in body
