@@ -1,0 +1,92 @@
+"""`python -m services.preprocess --model default|PATH --generation HOST:PORT --port N`.
+
+Loads the tokenizer and template (no weights), connects the multiplexed stream to the generation
+service, and serves mstar.v1.InferenceService with health (following the backend's health),
+reflection and graceful SIGTERM. Logs the bound port (port 0 picks a free one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from pathlib import Path
+
+from mstar.v1 import inference_service_pb2_grpc as api_grpc
+
+from services.common.logs import setup_logging
+from services.common.server import GrpcServer
+from services.preprocess.admission import Admission
+from services.preprocess.backend import GenerationBackend
+from services.preprocess.limits import Limits
+from services.preprocess.media import FileReader
+from services.preprocess.model import load_model
+from services.preprocess.request_run import Deps
+from services.preprocess.servicer import InferenceServicer
+
+log = logging.getLogger("services.preprocess")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m services.preprocess", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="default", help="'default', a .gguf file or a HF tokenizer directory")
+    p.add_argument("--generation", default="127.0.0.1:50052", help="generation service address")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=50051, help="0 picks a free port (logged)")
+    p.add_argument("--max-requests", type=int, default=64, help="admission: requests in flight")
+    p.add_argument(
+        "--max-prompt-tokens", type=int, default=256 * 1024, help="admission: prompt tokens in flight"
+    )
+    p.add_argument("--max-tokens-cap", type=int, default=8192, help="largest max_tokens accepted")
+    p.add_argument("--max-input-bytes", type=int, default=8 * 1024 * 1024, help="input bytes per stream")
+    p.add_argument("--max-appends", type=int, default=4096, help="appends per stream")
+    p.add_argument("--file-root", type=Path, default=None, help="allow file_path inputs under this directory")
+    p.add_argument("--max-file-bytes", type=int, default=4 * 1024 * 1024)
+    p.add_argument("--keepalive-s", type=float, default=2.0, help="KeepAlive period while waiting")
+    p.add_argument("--grace-s", type=float, default=20.0, help="SIGTERM drain period")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    model = load_model(args.model)
+    limits = Limits(
+        max_tokens_cap=args.max_tokens_cap,
+        max_input_bytes=args.max_input_bytes,
+        max_appends=args.max_appends,
+        max_file_bytes=args.max_file_bytes,
+    )
+    server = GrpcServer(args.host, args.port)
+    backend = GenerationBackend(
+        args.generation, on_health=lambda ok: asyncio.ensure_future(server.set_serving(ok))
+    )
+    deps = Deps(
+        model=model,
+        backend=backend,
+        admission=Admission(args.max_requests, args.max_prompt_tokens),
+        limits=limits,
+        files=FileReader(args.file_root, args.max_file_bytes),
+        keepalive_s=args.keepalive_s,
+    )
+    servicer = InferenceServicer(deps)
+    server.add(api_grpc.add_InferenceServiceServicer_to_server, servicer, "mstar.v1.InferenceService")
+    port = await server.start()
+    backend.start()
+    log.info("preprocess ready", extra={"port": port, "model": model.name, "generation": args.generation})
+    print(f"preprocess listening on port {port}", flush=True)
+
+    async def on_drain(grace_s: float) -> None:
+        await servicer.drain(grace_s)
+        await backend.close()
+
+    await server.wait_for_shutdown(args.grace_s, on_drain=on_drain)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    setup_logging("services.preprocess", args.log_level)
+    asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    main()

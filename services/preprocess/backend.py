@@ -1,0 +1,347 @@
+"""The ONE multiplexed GenerationService stream to a generation backend.
+
+One task owns the connection: connect, check grpc.health.v1, open `Stream`, then read frames and
+route every ResultTokens row / terminal envelope to the request it belongs to (one bounded
+asyncio.Queue per request). Outgoing envelopes from all requests go through one queue and are
+batched into as few StreamRequest frames as the loop allows.
+
+If the stream breaks (process killed, GOAWAY, network), every request in flight gets
+BackendFailed(UNAVAILABLE) at once, the backend reports unhealthy (new requests get UNAVAILABLE
+from `submit`) and the task reconnects with exponential backoff. A health Watch on the same
+channel turns the backend unhealthy when the generation service reports NOT_SERVING (draining,
+engine failure) even while the stream is still up.
+
+Internal request keys are "<request id>#<attempt counter>" so an id reused right after an abort
+can never receive the old request's late frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from mstar.v1 import generation_service_pb2 as gen_pb2
+from mstar.v1 import generation_service_pb2_grpc as gen_grpc
+from mstar.v1 import messages_pb2 as pb
+
+from services.common.errors import Code, MstarError, unavailable
+from services.common.server import channel_options
+from services.preprocess.request import Sampling, TokenLogprobs
+
+log = logging.getLogger(__name__)
+
+_FINISH = {
+    pb.FINISH_REASON_STOP: "stop",
+    pb.FINISH_REASON_LENGTH: "length",
+    pb.FINISH_REASON_CANCELLED: "cancelled",
+}
+
+
+@dataclass(frozen=True)
+class TokenStep:
+    token_id: int
+    logprobs: TokenLogprobs | None = None
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """The engine is alive and still working on this request (long prefill)."""
+
+
+@dataclass(frozen=True)
+class BackendFinished:
+    finish_reason: str
+    cached_prompt_tokens: int = 0
+    completion_tokens: int = 0
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    conductor_times: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BackendFailed:
+    error: MstarError
+
+
+BackendEvent = TokenStep | Heartbeat | BackendFinished | BackendFailed
+
+
+class BackendRequest:
+    """One request's handle on the shared stream: its event queue, append and abort."""
+
+    def __init__(self, backend: GenerationBackend, key: str, queue_size: int) -> None:
+        self._backend = backend
+        self.key = key
+        self.queue: asyncio.Queue[BackendEvent] = asyncio.Queue(maxsize=queue_size)
+        self.ended = False
+
+    def append(self, token_ids: list[int], end: bool) -> None:
+        if self.ended:
+            return
+        chunk = pb.PromptPart(modality=pb.MODALITY_TOKENS, token_ids=pb.TokenIds(ids=token_ids))
+        append = pb.ClientAppend(
+            request_id=self.key, chunks=[chunk], ends=[pb.MODALITY_TOKENS] if end else []
+        )
+        self._backend._send(pb.Envelope(client_append=append))
+
+    def abort(self, reason: str) -> None:
+        """Stop generating for this request. Idempotent; safe from any finally-path."""
+        if self._backend._requests.pop(self.key, None) is not None:
+            self._backend._send(pb.Envelope(abort=pb.Abort(request_id=self.key, reason=reason)))
+        self.ended = True
+
+    def end_locally(self, event: object, reason: str) -> None:
+        """Abort in the engine and make `event` the last thing the reader sees (cancel, local
+        failure). No-op once the request ended."""
+        if self.ended:
+            return
+        self.abort(reason)
+        while self.queue.full():
+            self.queue.get_nowait()
+        self.queue.put_nowait(event)
+
+    def deliver(self, event: BackendEvent) -> None:
+        """Queue an event; a request whose reader fell `queue_size` events behind is failed
+        (bounded memory per request: a stalled client must not grow our buffers)."""
+        if self.ended:
+            return
+        terminal = isinstance(event, BackendFinished | BackendFailed)
+        if self.queue.full():
+            if not terminal:
+                self.abort("client too slow")
+                event = BackendFailed(
+                    MstarError(
+                        Code.RESOURCE_EXHAUSTED, "SLOW_CONSUMER", "the client did not read its output in time"
+                    )
+                )
+            while not self.queue.empty():
+                self.queue.get_nowait()
+        if terminal or isinstance(event, BackendFailed):
+            self.ended = True
+        self.queue.put_nowait(event)
+
+
+class GenerationBackend:
+    def __init__(
+        self,
+        target: str,
+        *,
+        queue_size: int = 1024,
+        connect_timeout_s: float = 2.0,
+        max_backoff_s: float = 2.0,
+        on_health: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.target = target
+        self._queue_size = queue_size
+        self._connect_timeout_s = connect_timeout_s
+        self._max_backoff_s = max_backoff_s
+        self._on_health = on_health
+        self._requests: dict[str, BackendRequest] = {}
+        self._outbox: asyncio.Queue[pb.Envelope | None] | None = None
+        self._counter = itertools.count()
+        self._healthy = False
+        self._task: asyncio.Task | None = None
+        self._closing = False
+        self.connected = asyncio.Event()
+
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._requests)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="generation-backend")
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._outbox is not None:
+            self._outbox.put_nowait(None)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._fail_all("preprocess service shutting down")
+
+    def submit(
+        self, request_id: str, prompt_ids: list[int], sampling: Sampling, max_tokens: int, input_open: bool
+    ) -> BackendRequest:
+        """Start a request on the stream, or raise UNAVAILABLE while the backend is down."""
+        if not self._healthy or self._outbox is None:
+            raise unavailable(f"generation backend {self.target} is unavailable")
+        key = f"{request_id}#{next(self._counter)}"
+        request = BackendRequest(self, key, self._queue_size)
+        self._requests[key] = request
+        start = pb.PreprocessInput(
+            request_id=key,
+            prompt_parts=[pb.PromptPart(modality=pb.MODALITY_TOKENS, token_ids=pb.TokenIds(ids=prompt_ids))],
+            input_modalities=[pb.MODALITY_TOKENS] if input_open else [],
+            output_modalities=[pb.MODALITY_TOKENS],
+            model_kwargs=pb.ModelKwargs(sampling=_sampling_pb(sampling, max_tokens)),
+        )
+        self._send(pb.Envelope(preprocess_input=start))
+        return request
+
+    # ---- connection
+
+    def _send(self, envelope: pb.Envelope) -> None:
+        if self._outbox is not None:
+            self._outbox.put_nowait(envelope)
+
+    def _set_health(self, healthy: bool) -> None:
+        if healthy != self._healthy:
+            self._healthy = healthy
+            log.info("generation backend health", extra={"target": self.target, "healthy": healthy})
+            if self._on_health is not None:
+                self._on_health(healthy)
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while not self._closing:
+            channel = grpc.aio.insecure_channel(self.target, options=channel_options())
+            watch: asyncio.Task | None = None
+            try:
+                await asyncio.wait_for(channel.channel_ready(), self._connect_timeout_s)
+                health = health_pb2_grpc.HealthStub(channel)
+                reply = await health.Check(
+                    health_pb2.HealthCheckRequest(service=""), timeout=self._connect_timeout_s
+                )
+                if reply.status != health_pb2.HealthCheckResponse.SERVING:
+                    raise ConnectionError("generation backend is not serving yet")
+                outbox: asyncio.Queue[pb.Envelope | None] = asyncio.Queue()
+                self._outbox = outbox
+                call = gen_grpc.GenerationServiceStub(channel).Stream(_frames(outbox))
+                watch = asyncio.create_task(self._watch(health))
+                self._set_health(True)
+                self.connected.set()
+                backoff = 0.05
+                async for response in call:
+                    self._dispatch(response)
+                log.warning("generation stream ended by the server", extra={"target": self.target})
+            except (grpc.RpcError, TimeoutError, ConnectionError, OSError) as exc:
+                log.warning(
+                    "generation backend connection failed", extra={"target": self.target, "error": repr(exc)}
+                )
+            finally:
+                self._outbox = None
+                self.connected.clear()
+                self._set_health(False)
+                self._fail_all(f"generation backend {self.target} connection lost")
+                if watch is not None:
+                    watch.cancel()
+                await channel.close(grace=None)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self._max_backoff_s)
+
+    async def _watch(self, health: health_pb2_grpc.HealthStub) -> None:
+        """Follow the backend's own health while the stream is up (draining, engine failure)."""
+        try:
+            async for reply in health.Watch(health_pb2.HealthCheckRequest(service="")):
+                self._set_health(reply.status == health_pb2.HealthCheckResponse.SERVING)
+        except grpc.RpcError:
+            return  # the stream task notices the broken connection itself
+
+    def _fail_all(self, why: str) -> None:
+        requests, self._requests = self._requests, {}
+        for request in requests.values():
+            request.deliver(BackendFailed(unavailable(why)))
+
+    def _dispatch(self, response: gen_pb2.StreamResponse) -> None:
+        for envelope in response.envelopes:
+            kind = envelope.WhichOneof("payload")
+            if kind == "result_tokens":
+                self._dispatch_tokens(envelope.result_tokens)
+            elif kind == "request_complete":
+                done = envelope.request_complete
+                request = self._requests.pop(done.request_id, None)
+                if request is not None:
+                    request.deliver(_finished(done))
+            elif kind == "request_failed":
+                failed = envelope.request_failed
+                request = self._requests.pop(failed.request_id, None)
+                if request is not None:
+                    code = Code(failed.code) if failed.code in Code._value2member_map_ else Code.INTERNAL
+                    reason = failed.reason or code.name
+                    request.deliver(BackendFailed(MstarError(code, reason, failed.message or reason)))
+
+    def _dispatch_tokens(self, frame: pb.ResultTokens) -> None:
+        heartbeat = frame.signal == pb.SIGNAL_HEARTBEAT
+        with_logprobs = len(frame.logprobs) == len(frame.request_ids)
+        for i, key in enumerate(frame.request_ids):
+            request = self._requests.get(key)
+            if request is None:
+                continue  # aborted or unknown: late frames are dropped
+            if heartbeat:
+                request.deliver(Heartbeat())
+                continue
+            lp = None
+            if with_logprobs and (entry := frame.logprobs[i]).ByteSize():
+                lp = TokenLogprobs(entry.logprob, tuple(entry.top_token_ids), tuple(entry.top_logprobs))
+            request.deliver(TokenStep(frame.token_ids[i], lp))
+
+
+async def _frames(outbox: asyncio.Queue[pb.Envelope | None]):
+    """Client side of the stream: everything queued since the last frame goes in one frame."""
+    while True:
+        first = await outbox.get()
+        if first is None:
+            return
+        batch = [first]
+        while not outbox.empty():
+            item = outbox.get_nowait()
+            if item is None:
+                yield gen_pb2.StreamRequest(envelopes=batch)
+                return
+            batch.append(item)
+        yield gen_pb2.StreamRequest(envelopes=batch)
+
+
+def _sampling_pb(s: Sampling, max_tokens: int) -> pb.SamplingParams:
+    # Stop strings are matched here on text; the engine only sees token-level stops.
+    params = pb.SamplingParams(
+        max_tokens=max_tokens, stop_token_ids=list(s.stop_token_ids), ignore_eos=s.ignore_eos, n=1
+    )
+    for name in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "frequency_penalty",
+        "presence_penalty",
+        "seed",
+        "logprobs",
+    ):
+        value = getattr(s, name)
+        if value is not None:
+            setattr(params, name, value)
+    return params
+
+
+def _finished(done: pb.RequestComplete) -> BackendFinished:
+    t = done.timings
+    timings = {
+        "queue_ms": t.queue_ms,
+        "prefill_ms": t.prefill_ms,
+        "time_to_first_token_ms": t.time_to_first_token_ms,
+        "decode_ms": t.decode_ms,
+        "e2e_ms": t.e2e_ms,
+        "preempted_ms": t.preempted_ms,
+    }
+    times = {
+        name: getattr(done, name).ToMicroseconds() / 1e6
+        for name in ("conductor_arrival_time", "conductor_ingest_time", "conductor_finish_time")
+        if done.HasField(name)
+    }
+    return BackendFinished(
+        finish_reason=_FINISH.get(done.finish_reason, "stop"),
+        cached_prompt_tokens=done.usage.cached_prompt_tokens,
+        completion_tokens=done.usage.completion_tokens,
+        timings_ms=timings,
+        conductor_times=times,
+    )

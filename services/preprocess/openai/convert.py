@@ -1,0 +1,61 @@
+"""OpenAIRequest → mstar.v1.PreprocessInput (one per choice), and ResultChunk logprobs back.
+
+This is servicer-side code, so protobuf is fine here. n > 1 is n independent requests; with a
+seed, choice i uses seed + i so every choice is reproducible and they differ from each other.
+"""
+
+from __future__ import annotations
+
+from mstar.v1 import messages_pb2
+
+from services.preprocess.openai.render import TokenLogprob
+from services.preprocess.openai.request import OpenAIRequest
+
+
+def preprocess_input(req: OpenAIRequest, choice: int) -> messages_pb2.PreprocessInput:
+    s = req.sampling
+    params = messages_pb2.SamplingParams(
+        stop=s.stop,
+        stop_token_ids=s.stop_token_ids,
+        ignore_eos=s.ignore_eos,
+        include_stop_str_in_output=s.include_stop_str_in_output,
+    )
+    for name in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "frequency_penalty",
+        "presence_penalty",
+        "max_tokens",
+        "logprobs",
+    ):
+        value = getattr(s, name)
+        if value is not None:
+            setattr(params, name, value)
+    if s.seed is not None:
+        # Wrap within int64 so seed + i never overflows the field.
+        params.seed = ((s.seed + choice + 2**63) % 2**64) - 2**63
+    out = messages_pb2.PreprocessInput(
+        model=req.model, model_kwargs=messages_pb2.ModelKwargs(sampling=params)
+    )
+    if req.messages:
+        out.messages.extend(messages_pb2.ChatMessage(role=r, content=c) for r, c in req.messages)
+    elif req.prompt_token_ids is not None:
+        out.prompt_parts.append(
+            messages_pb2.PromptPart(
+                modality=messages_pb2.MODALITY_TOKENS,
+                token_ids=messages_pb2.TokenIds(ids=req.prompt_token_ids),
+            )
+        )
+    else:
+        out.text = req.prompt_text or ""
+    return out
+
+
+def token_logprobs(chunk: messages_pb2.ResultChunk) -> list[TokenLogprob]:
+    return [
+        TokenLogprob(token_id, lp.logprob, list(zip(lp.top_token_ids, lp.top_logprobs, strict=False)))
+        for token_id, lp in zip(chunk.token_ids, chunk.logprobs, strict=False)
+    ]

@@ -1,0 +1,163 @@
+"""OpenAI response objects and Server-Sent-Events framing (plain dicts and bytes, no protobuf).
+
+Chunks are `data: <json>\n\n`; the stream ends with `data: [DONE]\n\n`; `: keep-alive\n\n` is an
+SSE comment (ignored by every SSE parser, including the openai client) sent while a request is
+queued or prefilling so proxies and clients see the connection is alive. A failure after the
+stream started is an in-band `data: {"error": {...}}` frame, then `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+DONE = b"data: [DONE]\n\n"
+KEEP_ALIVE = b": keep-alive\n\n"
+SSE_CONTENT_TYPE = "text/event-stream"
+JSON_CONTENT_TYPE = "application/json"
+
+# HTTP status → OpenAI error `type`. deploy/envoy/openai_errors.lua holds the same table (the Lua
+# filter reshapes errors that end the call before the first byte); a unit test keeps them equal.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    499: "cancelled_error",
+    500: "server_error",
+    501: "not_implemented_error",
+    503: "service_unavailable_error",
+    504: "timeout_error",
+}
+
+
+def error_type(http_status: int) -> str:
+    return ERROR_TYPES.get(http_status, "server_error" if http_status >= 500 else "invalid_request_error")
+
+
+def error_object(message: str, http_status: int, code: str | None, param: str | None = None) -> dict:
+    """OpenAI's error shape; `code` is mstar's ErrorInfo reason in lower case."""
+    return {
+        "error": {
+            "message": message,
+            "type": error_type(http_status),
+            "code": code.lower() if code else None,
+            "param": param,
+        }
+    }
+
+
+def dumps(obj: dict) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def sse(obj: dict) -> bytes:
+    return b"data: " + dumps(obj) + b"\n\n"
+
+
+FINISH_REASONS = {1: "stop", 2: "length", 3: "abort", 4: "error"}  # mstar.v1.FinishReason values
+
+
+def finish_reason(value: int) -> str:
+    return FINISH_REASONS.get(value, "stop")
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+@dataclass
+class TokenLogprob:
+    """One generated token's logprob and its top alternatives (ids; rendered as text here)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+TokenText = Callable[[int], str]
+
+
+def chat_logprobs(entries: list[TokenLogprob], text: TokenText) -> dict:
+    def item(token_id: int, logprob: float) -> dict:
+        token = text(token_id)
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    return {
+        "content": [
+            {**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]} for e in entries
+        ]
+    }
+
+
+def completion_logprobs(entries: list[TokenLogprob], text: TokenText, text_offset: int) -> dict:
+    tokens = [text(e.token_id) for e in entries]
+    offsets = []
+    for token in tokens:
+        offsets.append(text_offset)
+        text_offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{text(t): lp for t, lp in e.top} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+@dataclass
+class Envelope:
+    """The fields every response object of one request shares."""
+
+    id: str
+    created: int
+    model: str
+    chat: bool
+
+    def chunk(self, choices: list[dict], usage_value: dict | None = None, with_usage: bool = False) -> dict:
+        obj = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if with_usage:  # OpenAI sends "usage": null on every chunk but the last when usage is on
+            obj["usage"] = usage_value
+        return obj
+
+    def response(self, choices: list[dict], usage_value: dict) -> dict:
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage_value,
+        }
+
+    def delta_choice(
+        self, index: int, text: str, first: bool, finish: str | None, logprobs: dict | None
+    ) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+    def final_choice(self, index: int, text: str, finish: str, logprobs: dict | None) -> dict:
+        if self.chat:
+            return {
+                "index": index,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs,
+                "finish_reason": finish,
+            }
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}

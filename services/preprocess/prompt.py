@@ -1,0 +1,136 @@
+"""Building one request's prompt token ids, possibly from input that keeps streaming in.
+
+Incremental tokenization (the ClientAppend contract): BPE merges never cross pre-token
+boundaries, so text is committed (tokenized and sent to the generation service, which prefills
+it at once) up to the last boundary that more text cannot move; the tail (the last pre-token,
+trailing whitespace, a possible contraction or partial special token: see
+Tokenizer.stable_prefix_length) is held until the next chunk or the end of input. The tokens sent
+are therefore exactly those of tokenizing the whole text in one go. Tokenizers without that
+property (e.g. Metaspace with a prepended "▁") hold ALL text until the input ends: still
+correct, only without early prefill.
+
+Chat requests whose text input stays open stream into the LAST message's content: the template
+is rendered once around a sentinel (ChatTemplate.render_open), the head is committed now and the
+tail (end of message, assistant header) is added when the input ends.
+"""
+
+from __future__ import annotations
+
+from services.common.errors import invalid_argument
+from services.preprocess.limits import check_token_ids
+from services.preprocess.media import FileReader
+from services.preprocess.model import ModelSpec
+from services.preprocess.request import TEXT, TOKENS, InputInfo, Part, RequestSpec
+
+_STREAMABLE = frozenset({TEXT, TOKENS})
+
+
+class PromptBuilder:
+    """Per-request prompt state. Every method returns the token ids newly committed."""
+
+    def __init__(self, model: ModelSpec, files: FileReader) -> None:
+        self._model = model
+        self._tokenizer = model.tokenizer
+        self._files = files
+        self._pending = ""
+        self._tail = ""
+        self._open: set[str] = set()
+        self.num_tokens = 0
+        self.input_infos: list[InputInfo] = []
+
+    @property
+    def input_done(self) -> bool:
+        return not self._open
+
+    def start(self, spec: RequestSpec) -> list[int]:
+        if spec.text and spec.messages:
+            raise invalid_argument("input.text", "text and messages are exclusive")
+        for modality in spec.open_inputs:
+            self._check_modality(modality, "input.input_modalities")
+            if modality not in _STREAMABLE:
+                raise invalid_argument("input.input_modalities", f"modality {modality} cannot be streamed")
+        self._open = set(spec.open_inputs)
+        committed: list[int] = []
+        if spec.messages:
+            template = self._model.chat_template
+            if template is None:
+                raise invalid_argument("input.messages", "this model has no chat template; send text")
+            if TEXT in self._open:
+                head, self._tail = template.render_open(list(spec.messages))
+                committed += self._add_text(head, "input.messages")
+            else:
+                committed += self._add_text(template.render(list(spec.messages)), "input.messages")
+        elif spec.text:
+            committed += self._add_text(spec.text, "input.text")
+        elif not spec.parts and not self._open:
+            raise invalid_argument("input.text", "a prompt is required (text, messages or prompt_parts)")
+        committed += self._add_parts(spec.parts, "input.prompt_parts")
+        return committed + self._maybe_finish(frozenset())
+
+    def append(self, parts: tuple[Part, ...], ends: frozenset[str]) -> list[int]:
+        for part in parts:
+            if part.modality not in self._open:
+                self._check_modality(part.modality, "append.chunks")
+                raise invalid_argument("append.chunks", f"the {part.modality} input stream is not open")
+        return self._add_parts(parts, "append.chunks") + self._maybe_finish(ends)
+
+    def _maybe_finish(self, ends: frozenset[str]) -> list[int]:
+        self._open -= ends
+        if self._open:
+            return self._commit(final=False)
+        self._pending += self._tail
+        self._tail = ""
+        return self._commit(final=True)
+
+    def _add_parts(self, parts: tuple[Part, ...], field: str) -> list[int]:
+        committed: list[int] = []
+        for i, part in enumerate(parts):
+            where = f"{field}[{i}]"
+            self._check_modality(part.modality, where + ".modality")
+            if part.modality == TOKENS:
+                ids = part.token_ids or ()
+                check_token_ids(ids, self._tokenizer.vocab_size, where + ".token_ids")
+                # Pre-tokenized input is a hard boundary: everything before it is final.
+                committed += self._commit(final=True) + list(ids)
+                self.num_tokens += len(ids)
+                self.input_infos.append(InputInfo(TOKENS, 4 * len(ids), len(ids), part.mime_type))
+                continue
+            committed += self._add_text(self._part_text(part, where), where, part.mime_type)
+        return committed
+
+    def _part_text(self, part: Part, where: str) -> str:
+        if part.text is not None:
+            return part.text
+        raw = self._files.read(part.file_path) if part.file_path is not None else part.data or b""
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise invalid_argument(where, "text input must be valid UTF-8") from None
+
+    def _add_text(self, text: str, where: str, mime_type: str = "") -> list[int]:
+        before = self.num_tokens
+        self._pending += text
+        committed = self._commit(final=False)
+        # Tokens are attributed to the part that completed them (held text moves on).
+        self.input_infos.append(
+            InputInfo(TEXT, len(text.encode("utf-8")), self.num_tokens - before, mime_type)
+        )
+        return committed
+
+    def _commit(self, final: bool) -> list[int]:
+        cut = len(self._pending) if final else self._tokenizer.stable_prefix_length(self._pending)
+        if cut == 0:
+            return []
+        ids = self._tokenizer.encode(self._pending[:cut])
+        self._pending = self._pending[cut:]
+        self.num_tokens += len(ids)
+        return ids
+
+    def _check_modality(self, modality: str, where: str) -> None:
+        if modality != TOKENS and modality not in self._model.input_modalities:
+            raise invalid_argument(
+                where,
+                f"modality {modality} is not accepted by model {self._model.name} "
+                f"(accepts: {', '.join(sorted(self._model.input_modalities | {TOKENS}))})",
+                reason="UNSUPPORTED_MODALITY",
+            )

@@ -1,0 +1,150 @@
+"""Domain types of one request as the preprocess service handles it (no protobuf here).
+
+The servicer turns wire messages into these (services/preprocess/wire.py) and the events a
+request produces back into wire messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.common.errors import MstarError
+from services.preprocess.chat_template import ChatMessage
+
+# Modality names used inside the service (wire enum values map onto these in wire.py).
+TEXT = "text"
+TOKENS = "tokens"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One prompt part or appended chunk, in arrival order."""
+
+    modality: str
+    text: str | None = None
+    data: bytes | None = None
+    file_path: str | None = None
+    token_ids: tuple[int, ...] | None = None
+    mime_type: str = ""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters as given; None = unset (the generation service applies defaults)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    seed: int | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    include_stop: bool = False
+    n: int | None = None
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """A request to start (PreprocessInput)."""
+
+    request_id: str
+    client_request_id: str
+    model: str
+    text: str
+    messages: tuple[ChatMessage, ...]
+    parts: tuple[Part, ...]
+    # Input streams still open after this message (empty = one-shot request).
+    open_inputs: frozenset[str]
+    sampling: Sampling
+    extra_keys: tuple[str, ...] = ()
+    upload_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class AppendSpec:
+    """More input for a running request (ClientAppend)."""
+
+    request_id: str
+    parts: tuple[Part, ...]
+    ends: frozenset[str]
+    upload_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    logprob: float
+    top_token_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
+
+
+# ---- events a request emits, in order: Accepted, (KeepAlive | Chunk)*, Profile, Complete | Failed
+
+
+@dataclass(frozen=True)
+class Accepted:
+    request_id: str
+    client_request_id: str
+    prompt_tokens: int
+    max_tokens: int
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class KeepAlive:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Chunk:
+    request_id: str
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprobs, ...] = ()
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    modality: str
+    size_bytes: int
+    num_tokens: int
+    mime_type: str = ""
+
+
+@dataclass(frozen=True)
+class Profile:
+    request_id: str
+    dequeue_time: float
+    preprocess_finish_time: float
+    input_infos: tuple[InputInfo, ...]
+    upload_sizes_bytes: tuple[int, ...]
+    failed: bool = False
+
+
+@dataclass(frozen=True)
+class Complete:
+    request_id: str
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    stop_reason: str
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    completion_tokens: int
+    chunks: int
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    conductor_times: dict[str, float] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Failed:
+    request_id: str
+    error: MstarError
+
+
+Event = Accepted | KeepAlive | Chunk | Profile | Complete | Failed

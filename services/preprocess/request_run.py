@@ -1,0 +1,262 @@
+"""One request from admission to its terminal event (the domain core of the servicer).
+
+`start()` validates, builds the prompt, checks it fits, takes an admission ticket and submits the
+tokens to the generation backend; every error before that point is raised (so the RPC can end
+with a status BEFORE anything is streamed). `events()` then turns backend token steps into text
+chunks (detokenizer -> stop matcher) and ends with exactly one Complete or Failed. `close()` is
+the finally-path: it aborts the generation if it is still running and releases the ticket;
+it is idempotent, so cancel, disconnect, deadline and normal completion can all call it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from services.common.errors import MstarError, failed_precondition
+from services.preprocess import limits as caps
+from services.preprocess.admission import Admission, Ticket
+from services.preprocess.backend import (
+    BackendFailed,
+    BackendFinished,
+    BackendRequest,
+    GenerationBackend,
+    Heartbeat,
+    TokenStep,
+)
+from services.preprocess.detokenizer import Detokenizer
+from services.preprocess.limits import Limits
+from services.preprocess.media import FileReader
+from services.preprocess.model import ModelSpec
+from services.preprocess.prompt import PromptBuilder
+from services.preprocess.request import (
+    Accepted,
+    AppendSpec,
+    Chunk,
+    Complete,
+    Event,
+    Failed,
+    KeepAlive,
+    Profile,
+    RequestSpec,
+)
+from services.preprocess.stop import StopMatcher
+
+
+@dataclass
+class Deps:
+    """What every request needs from the server."""
+
+    model: ModelSpec
+    backend: GenerationBackend
+    admission: Admission
+    limits: Limits
+    files: FileReader
+    keepalive_s: float = 2.0
+
+
+@dataclass
+class InputBudget:
+    """Per-stream input caps (shared by all requests of a Session)."""
+
+    limits: Limits
+    bytes_used: int = 0
+    appends: int = 0
+
+    def charge(self, size: int, is_append: bool) -> None:
+        self.bytes_used += size
+        self.appends += int(is_append)
+        if self.bytes_used > self.limits.max_input_bytes:
+            raise caps.input_caps_error(f"more than {self.limits.max_input_bytes} input bytes on this stream")
+        if self.appends > self.limits.max_appends:
+            raise caps.input_caps_error(f"more than {self.limits.max_appends} appends on this stream")
+
+
+class _Cancelled:
+    """Queued into the backend queue by cancel(): ends events() with finish_reason cancelled."""
+
+
+class RequestRun:
+    def __init__(self, spec: RequestSpec, deps: Deps, budget: InputBudget) -> None:
+        self.spec = spec
+        self.request_id = spec.request_id
+        self._deps = deps
+        self._budget = budget
+        self._prompt = PromptBuilder(deps.model, deps.files)
+        self._dequeue_time = time.time()
+        self._preprocess_finish: float | None = None
+        self._uploads = [spec.upload_bytes]
+        self._ticket: Ticket | None = None
+        self._backend: BackendRequest | None = None
+        self._max_tokens = 0
+        self._warnings: tuple[str, ...] = ()
+        self.finished = False
+
+    @property
+    def input_done(self) -> bool:
+        return self._prompt.input_done
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self._prompt.num_tokens
+
+    def start(self) -> Accepted:
+        d, s = self._deps, self.spec
+        self._budget.charge(s.upload_bytes, is_append=False)
+        caps.validate_sampling(s.sampling, d.limits, d.model.tokenizer.vocab_size)
+        caps.validate_extra(s.extra_keys)
+        ids = self._prompt.start(s)
+        self._check_fits("input.text" if not s.messages else "input.messages")
+        self._max_tokens, self._warnings = caps.effective_max_tokens(
+            s.sampling.max_tokens,
+            self.prompt_tokens if self.input_done else 0,
+            d.model.context_length,
+            d.limits,
+        )
+        self._ticket = d.admission.admit(self.prompt_tokens)
+        try:
+            self._backend = d.backend.submit(
+                self.request_id, ids, s.sampling, self._max_tokens, input_open=not self.input_done
+            )
+        except MstarError:
+            self._ticket.release()
+            raise
+        if self.input_done:
+            self._preprocess_finish = time.time()
+        return Accepted(
+            self.request_id, s.client_request_id, self.prompt_tokens, self._max_tokens, self._warnings
+        )
+
+    def append(self, spec: AppendSpec) -> None:
+        """More input; raises FAILED_PRECONDITION once the input ended (or the request did)."""
+        if self.finished:
+            raise failed_precondition(f"request {self.request_id} has finished", "REQUEST_FINISHED")
+        if self.input_done:
+            raise failed_precondition(f"the input of request {self.request_id} has ended", "INPUT_ENDED")
+        self._uploads.append(spec.upload_bytes)
+        before = self.prompt_tokens
+        try:
+            self._budget.charge(spec.upload_bytes, is_append=True)
+            ids = self._prompt.append(spec.parts, spec.ends)
+            self._check_fits("append.chunks")
+        except MstarError as err:
+            # Part of the input may already be committed: the request cannot continue coherently.
+            self._fail(err)
+            raise
+        finally:
+            if self._ticket is not None:
+                self._ticket.add_tokens(self.prompt_tokens - before)
+        if self._backend is not None and (ids or self.input_done):
+            self._backend.append(ids, end=self.input_done)
+        if self.input_done:
+            self._preprocess_finish = time.time()
+
+    def cancel(self) -> bool:
+        """Stop this request; it ends with finish_reason "cancelled". False if already over."""
+        if self.finished or self._backend is None or self._backend.ended:
+            return False
+        self._backend.end_locally(_Cancelled(), "cancelled by the client")
+        return True
+
+    def _fail(self, err: MstarError) -> None:
+        if self._backend is not None:
+            self._backend.end_locally(BackendFailed(err), err.reason)
+
+    def close(self) -> None:
+        """Finally-path: abort if still generating, release the admission ticket."""
+        self.finished = True
+        if self._backend is not None:
+            self._backend.abort("request closed")
+        if self._ticket is not None:
+            self._ticket.release()
+
+    async def events(self) -> AsyncIterator[Event]:
+        rid = self.request_id
+        tok = self._deps.model.tokenizer
+        detok = Detokenizer(tok.token_bytes)
+        stops = StopMatcher(self.spec.sampling.stop, self.spec.sampling.include_stop)
+        chunks, completion, sent_profile = 0, 0, False
+        token_ids: list[int] = []
+        logprobs: list = []
+        queue = self._backend.queue
+        while True:
+            if not sent_profile and self._preprocess_finish is not None:
+                sent_profile = True
+                yield self._profile()
+            try:
+                first = await asyncio.wait_for(queue.get(), self._deps.keepalive_s)
+            except TimeoutError:
+                yield KeepAlive(rid)
+                continue
+            batch = [first]
+            while not queue.empty():  # coalesce whatever piled up into one chunk
+                batch.append(queue.get_nowait())
+            text, stop, terminal = "", None, None
+            for event in batch:
+                if isinstance(event, TokenStep):
+                    completion += 1
+                    token_ids.append(event.token_id)
+                    if event.logprobs is not None:
+                        logprobs.append(event.logprobs)
+                    result = stops.feed(detok.feed([event.token_id]))
+                    text += result.text
+                    if result.stop is not None:
+                        stop = result.stop
+                        self._backend.abort("stop string matched")
+                        terminal = BackendFinished("stop")
+                        break
+                elif isinstance(event, Heartbeat):
+                    continue
+                else:
+                    terminal = event
+                    break
+            if isinstance(terminal, BackendFinished) and stop is None:
+                result = stops.feed(detok.finish())
+                text += result.text
+                stop = result.stop
+                text += stops.finish()
+            if text:
+                yield Chunk(rid, chunks, text, tuple(token_ids), tuple(logprobs))
+                chunks += 1
+                token_ids, logprobs = [], []
+            if terminal is None:
+                if not any(isinstance(e, TokenStep) for e in batch):
+                    yield KeepAlive(rid)
+                continue
+            self.finished = True
+            if isinstance(terminal, BackendFailed):
+                yield Failed(rid, terminal.error)
+                return
+            reason = (
+                "cancelled"
+                if isinstance(terminal, _Cancelled)
+                else ("stop" if stop else terminal.finish_reason)
+            )
+            backend = terminal if isinstance(terminal, BackendFinished) else BackendFinished(reason)
+            yield Complete(
+                request_id=rid,
+                finish_reason=reason,
+                stop_reason=stop or "",
+                prompt_tokens=self.prompt_tokens,
+                cached_prompt_tokens=backend.cached_prompt_tokens,
+                completion_tokens=completion,
+                chunks=chunks,
+                timings_ms=backend.timings_ms,
+                conductor_times=backend.conductor_times,
+                warnings=self._warnings,
+            )
+            return
+
+    def _profile(self) -> Profile:
+        return Profile(
+            request_id=self.request_id,
+            dequeue_time=self._dequeue_time,
+            preprocess_finish_time=self._preprocess_finish or time.time(),
+            input_infos=tuple(self._prompt.input_infos),
+            upload_sizes_bytes=tuple(self._uploads),
+        )
+
+    def _check_fits(self, field: str) -> None:
+        caps.check_prompt_fits(self.prompt_tokens, self._deps.model.context_length, field)

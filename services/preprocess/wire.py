@@ -1,0 +1,230 @@
+"""Protobuf <-> domain for the public InferenceService (the only module besides the servicer and
+the backend that touches generated types)."""
+
+from __future__ import annotations
+
+import uuid
+
+from google.protobuf import timestamp_pb2
+from mstar.v1 import inference_service_pb2 as api
+from mstar.v1 import messages_pb2 as pb
+
+from services.common.errors import MstarError, invalid_argument
+from services.preprocess.chat_template import ChatMessage
+from services.preprocess.request import (
+    TEXT,
+    TOKENS,
+    Accepted,
+    AppendSpec,
+    Chunk,
+    Complete,
+    Failed,
+    KeepAlive,
+    Part,
+    Profile,
+    RequestSpec,
+    Sampling,
+)
+
+MODALITY_NAMES = {
+    pb.MODALITY_UNSPECIFIED: TEXT,
+    pb.MODALITY_TEXT: TEXT,
+    pb.MODALITY_TOKENS: TOKENS,
+    pb.MODALITY_IMAGE: "image",
+    pb.MODALITY_AUDIO: "audio",
+    pb.MODALITY_VIDEO: "video",
+}
+MODALITY_ENUMS = {name: value for value, name in MODALITY_NAMES.items() if value != pb.MODALITY_UNSPECIFIED}
+FINISH_ENUMS = {
+    "stop": pb.FINISH_REASON_STOP,
+    "length": pb.FINISH_REASON_LENGTH,
+    "cancelled": pb.FINISH_REASON_CANCELLED,
+}
+_OPTIONAL_SAMPLING = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "seed",
+    "max_tokens",
+    "logprobs",
+    "n",
+)
+
+
+def modality(value: int, field: str) -> str:
+    name = MODALITY_NAMES.get(value)
+    if name is None:
+        raise invalid_argument(field, f"unknown modality {value}")
+    return name
+
+
+def request_spec(msg: pb.PreprocessInput) -> RequestSpec:
+    sampling_pb = msg.model_kwargs.sampling
+    values = {n: getattr(sampling_pb, n) for n in _OPTIONAL_SAMPLING if sampling_pb.HasField(n)}
+    sampling = Sampling(
+        **values,
+        stop=tuple(sampling_pb.stop),
+        stop_token_ids=tuple(sampling_pb.stop_token_ids),
+        ignore_eos=sampling_pb.ignore_eos,
+        include_stop=sampling_pb.include_stop_str_in_output,
+    )
+    opened = {modality(m, "input.input_modalities") for m in msg.input_modalities}
+    ended = {modality(m, "input.ends") for m in msg.ends}
+    return RequestSpec(
+        request_id=msg.request_id or uuid.uuid4().hex,
+        client_request_id=msg.client_request_id,
+        model=msg.model,
+        text=msg.text,
+        messages=tuple(ChatMessage(m.role, m.content) for m in msg.messages),
+        parts=tuple(_part(p, f"input.prompt_parts[{i}]") for i, p in enumerate(msg.prompt_parts)),
+        open_inputs=frozenset(opened - ended),
+        sampling=sampling,
+        extra_keys=tuple(msg.model_kwargs.extra.fields.keys()),
+        upload_bytes=msg.ByteSize(),
+    )
+
+
+def append_spec(msg: pb.ClientAppend) -> AppendSpec:
+    parts = [_part(p, f"append.chunks[{i}]") for i, p in enumerate(msg.chunks)]
+    if msg.text:
+        parts.insert(0, Part(TEXT, text=msg.text))
+    return AppendSpec(
+        request_id=msg.request_id,
+        parts=tuple(parts),
+        ends=frozenset(modality(m, "append.ends") for m in msg.ends),
+        upload_bytes=msg.ByteSize(),
+    )
+
+
+def _part(p: pb.PromptPart, field: str) -> Part:
+    source = p.WhichOneof("source")
+    kind = modality(p.modality, field + ".modality")
+    if kind == TEXT and p.modality == pb.MODALITY_UNSPECIFIED and source == "token_ids":
+        kind = TOKENS
+    if source == "text":
+        return Part(kind, text=p.text, mime_type=p.mime_type)
+    if source == "data":
+        return Part(kind, data=p.data, mime_type=p.mime_type)
+    if source == "file_path":
+        return Part(kind, file_path=p.file_path, mime_type=p.mime_type)
+    if source == "token_ids":
+        return Part(TOKENS if kind == TEXT else kind, token_ids=tuple(p.token_ids.ids), mime_type=p.mime_type)
+    raise invalid_argument(field, "empty prompt part (set text, data, file_path or token_ids)")
+
+
+# ---- domain -> protobuf
+
+
+def _timestamp(seconds: float) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def _logprobs(items) -> list[pb.TokenLogprobs]:
+    return [
+        pb.TokenLogprobs(logprob=i.logprob, top_token_ids=i.top_token_ids, top_logprobs=i.top_logprobs)
+        for i in items
+    ]
+
+
+def accepted(e: Accepted) -> api.RequestAccepted:
+    return api.RequestAccepted(
+        request_id=e.request_id,
+        client_request_id=e.client_request_id,
+        prompt_tokens=e.prompt_tokens,
+        max_tokens=e.max_tokens,
+        warnings=e.warnings,
+    )
+
+
+def chunk(e: Chunk) -> pb.ResultChunk:
+    return pb.ResultChunk(
+        request_id=e.request_id,
+        modality=pb.MODALITY_TEXT,
+        text=e.text,
+        index=e.index,
+        token_ids=e.token_ids,
+        logprobs=_logprobs(e.logprobs),
+    )
+
+
+def profile(e: Profile) -> pb.DataWorkerProfile:
+    infos = [
+        pb.InputInfo(
+            modality=MODALITY_ENUMS[i.modality],
+            size_bytes=i.size_bytes,
+            num_tokens=i.num_tokens,
+            mime_type=i.mime_type,
+        )
+        for i in e.input_infos
+    ]
+    modalities = sorted({MODALITY_ENUMS[i.modality] for i in e.input_infos})
+    return pb.DataWorkerProfile(
+        request_id=e.request_id,
+        dequeue_time=_timestamp(e.dequeue_time),
+        preprocess_finish_time=_timestamp(e.preprocess_finish_time),
+        input_infos=infos,
+        modalities=modalities,
+        upload_sizes_bytes=e.upload_sizes_bytes,
+        failed=e.failed,
+    )
+
+
+def complete(e: Complete) -> pb.RequestComplete:
+    done = pb.RequestComplete(
+        request_id=e.request_id,
+        output_chunk_counts=[pb.ModalityCount(modality=pb.MODALITY_TEXT, chunks=e.chunks)],
+        usage=pb.Usage(
+            prompt_tokens=e.prompt_tokens,
+            cached_prompt_tokens=e.cached_prompt_tokens,
+            completion_tokens=e.completion_tokens,
+            total_tokens=e.prompt_tokens + e.completion_tokens,
+        ),
+        timings=pb.Timings(**e.timings_ms),
+        finish_reason=FINISH_ENUMS[e.finish_reason],
+        stop_reason=e.stop_reason,
+        warnings=e.warnings,
+    )
+    for name, seconds in e.conductor_times.items():
+        getattr(done, name).CopyFrom(_timestamp(seconds))
+    return done
+
+
+def failed(request_id: str, err: MstarError) -> pb.RequestFailed:
+    return pb.RequestFailed(
+        request_id=request_id,
+        message=err.message,
+        code=int(err.code),
+        http_status=err.http_status,
+        reason=err.reason,
+    )
+
+
+def stream_event(e) -> api.GenerateStreamResponse:
+    """A request event as a GenerateStream message (Session uses the same oneof names)."""
+    return api.GenerateStreamResponse(**_event_fields(e))
+
+
+def session_event(e) -> api.SessionResponse:
+    return api.SessionResponse(**_event_fields(e))
+
+
+def _event_fields(e) -> dict:
+    if isinstance(e, Accepted):
+        return {"accepted": accepted(e)}
+    if isinstance(e, Chunk):
+        return {"chunk": chunk(e)}
+    if isinstance(e, KeepAlive):
+        return {"keep_alive": api.KeepAlive(request_id=e.request_id)}
+    if isinstance(e, Profile):
+        return {"profile": profile(e)}
+    if isinstance(e, Complete):
+        return {"complete": complete(e)}
+    if isinstance(e, Failed):
+        return {"failed": failed(e.request_id, e.error)}
+    raise TypeError(f"not a request event: {e!r}")

@@ -1,0 +1,121 @@
+"""A contract-following stand-in for GenerationService used where the model does not matter:
+each request "generates" its own prompt tokens back, one per step, honouring max_tokens,
+streamed input (ClientAppend / ends), Abort and stop_token_ids. Steps are batched like the real
+engine: one StreamResponse per step with a row for every running request."""
+
+from __future__ import annotations
+
+import asyncio
+
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from mstar.v1 import generation_service_pb2 as gen_pb2
+from mstar.v1 import generation_service_pb2_grpc as gen_grpc
+from mstar.v1 import messages_pb2 as pb
+
+
+class FakeGeneration(gen_grpc.GenerationServiceServicer):
+    def __init__(self, step_s: float = 0.002) -> None:
+        self.step_s = step_s
+        self.aborted: list[str] = []
+        self.live: set[str] = set()
+
+    async def Stream(self, request_iterator, context):
+        requests: dict[str, dict] = {}
+        wake = asyncio.Event()
+
+        async def read():
+            async for frame in request_iterator:
+                for env in frame.envelopes:
+                    kind = env.WhichOneof("payload")
+                    if kind == "preprocess_input":
+                        m = env.preprocess_input
+                        ids = [i for p in m.prompt_parts for i in p.token_ids.ids]
+                        requests[m.request_id] = {
+                            "prompt": ids,
+                            "out": 0,
+                            "max": m.model_kwargs.sampling.max_tokens or 16,
+                            "stop_ids": set(m.model_kwargs.sampling.stop_token_ids),
+                            "open": bool(m.input_modalities),
+                        }
+                        self.live.add(m.request_id)
+                    elif kind == "client_append":
+                        r = requests.get(env.client_append.request_id)
+                        if r is not None:
+                            r["prompt"] += [i for p in env.client_append.chunks for i in p.token_ids.ids]
+                            if env.client_append.ends:
+                                r["open"] = False
+                    elif kind == "abort":
+                        self.aborted.append(env.abort.request_id)
+                        requests.pop(env.abort.request_id, None)
+                        self.live.discard(env.abort.request_id)
+                wake.set()
+
+        reader = asyncio.create_task(read())
+        step = 0
+        try:
+            while True:
+                ready = {k: r for k, r in requests.items() if not r["open"]}
+                if not ready:
+                    wake.clear()
+                    await wake.wait()
+                    continue
+                await asyncio.sleep(self.step_s)
+                step += 1
+                rows, done = [], []
+                for key, r in list(ready.items()):
+                    if key not in requests:
+                        continue
+                    token = r["prompt"][r["out"] % max(1, len(r["prompt"]))] if r["prompt"] else 0
+                    rows.append((key, token, r["out"]))
+                    r["out"] += 1
+                    if r["out"] >= r["max"] or token in r["stop_ids"]:
+                        done.append(
+                            (
+                                key,
+                                pb.FINISH_REASON_LENGTH if r["out"] >= r["max"] else pb.FINISH_REASON_STOP,
+                                r,
+                            )
+                        )
+                        requests.pop(key)
+                        self.live.discard(key)
+                envs = [
+                    pb.Envelope(
+                        result_tokens=pb.ResultTokens(
+                            step=step,
+                            request_ids=[k for k, _, _ in rows],
+                            token_ids=[t for _, t, _ in rows],
+                            loop_indices=[i for _, _, i in rows],
+                            signal=pb.SIGNAL_STEP,
+                            modality=pb.MODALITY_TOKENS,
+                        )
+                    )
+                ]
+                for key, reason, r in done:
+                    envs.append(
+                        pb.Envelope(
+                            request_complete=pb.RequestComplete(
+                                request_id=key,
+                                finish_reason=reason,
+                                usage=pb.Usage(prompt_tokens=len(r["prompt"]), completion_tokens=r["out"]),
+                            )
+                        )
+                    )
+                yield gen_pb2.StreamResponse(envelopes=envs)
+        finally:
+            reader.cancel()
+            for key in requests:
+                self.live.discard(key)
+
+
+async def start_fake(port: int = 0, step_s: float = 0.002):
+    import grpc
+
+    server = grpc.aio.server()
+    fake = FakeGeneration(step_s)
+    gen_grpc.add_GenerationServiceServicer_to_server(fake, server)
+    h = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(h, server)
+    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await h.set("", health_pb2.HealthCheckResponse.SERVING)
+    return server, fake, bound
