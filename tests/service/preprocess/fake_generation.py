@@ -119,3 +119,15 @@ async def start_fake(port: int = 0, step_s: float = 0.002):
     await server.start()
     await h.set("", health_pb2.HealthCheckResponse.SERVING)
     return server, fake, bound
+
+
+async def _main(port: int, step_s: float) -> None:
+    server, _, bound = await start_fake(port, step_s)
+    print(f"fake generation listening on port {bound}", flush=True)
+    await server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    import sys
+
+    asyncio.run(_main(int(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else 0.002))
