@@ -1,0 +1,124 @@
+"""Render deploy/envoy/envoy.yaml.tmpl into a concrete Envoy config.
+
+    python -m deploy.envoy.render --variant local --out /tmp/envoy.yaml [--http-port 8080 ...]
+
+Variants differ only in addresses and how the upstream is found:
+  local    listener and admin on 127.0.0.1, upstream a STATIC 127.0.0.1 address (`make run`, tests)
+  compose  listener on 0.0.0.0, upstream `preprocess` resolved by STRICT_DNS (docker compose)
+  k8s      listener on 0.0.0.0, upstream the headless Service `preprocess` (STRICT_DNS finds every pod)
+The admin interface always stays on 127.0.0.1: it can shut Envoy down and must not be public.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import string
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+TEMPLATE = HERE / "envoy.yaml.tmpl"
+LUA = HERE / "openai_errors.lua"
+DEFAULT_DESCRIPTOR = ROOT / "gen" / "descriptor.pb"
+
+
+@dataclass(frozen=True)
+class EnvoySettings:
+    http_port: int = 8080
+    admin_port: int = 9901
+    listen_address: str = "127.0.0.1"
+    admin_address: str = "127.0.0.1"
+    upstream_host: str = "127.0.0.1"
+    upstream_port: int = 50051
+    cluster_type: str = "STATIC"
+    descriptor_path: str = str(DEFAULT_DESCRIPTOR)
+    # Timeouts and limits (docs/http.md explains each).
+    request_headers_timeout: str = "10s"
+    stream_idle_timeout: str = "300s"
+    max_stream_duration: str = "1800s"
+    unary_timeout: str = "30s"
+    health_check_interval: str = "1s"
+    max_request_headers_kb: int = 64
+    max_request_body_bytes: int = 4 * 1024 * 1024
+    max_response_body_bytes: int = 64 * 1024 * 1024
+
+
+VARIANTS = {
+    "local": EnvoySettings(),
+    "compose": EnvoySettings(listen_address="0.0.0.0", upstream_host="preprocess", cluster_type="STRICT_DNS",
+                             descriptor_path="/etc/envoy/descriptor.pb"),
+    "k8s": EnvoySettings(listen_address="0.0.0.0", upstream_host="preprocess", cluster_type="STRICT_DNS",
+                         descriptor_path="/etc/envoy/descriptor/descriptor.pb"),
+}
+
+
+# HTTP status of an Envoy local reply → the gRPC code a transcoded error with that status carries
+# (the inverse of services/common/errors.py HTTP_STATUS), so both error sources share one shape.
+LOCAL_REPLY_GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 408: 4, 413: 8, 429: 8, 431: 8, 499: 1, 500: 13,
+                          501: 12, 502: 14, 503: 14, 504: 4}
+
+
+def _error_body(code: int) -> dict:
+    return {"json_format": {
+        "code": code,
+        "message": "%LOCAL_REPLY_BODY%",
+        "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                     "reason": "%RESPONSE_CODE_DETAILS%", "domain": "envoy"}],
+    }}
+
+
+def _status_is(op: str, status: int) -> dict:
+    return {"status_code_filter": {"comparison": {
+        "op": op, "value": {"default_value": status, "runtime_key": "mstar.local_reply.status"}}}}
+
+
+def local_reply_config() -> dict:
+    """JSON for every local reply: GET /health gets {"status": ...}, errors the google.rpc.Status shape."""
+    health = {"header_filter": {"header": {"name": ":path", "string_match": {"exact": "/health"}}}}
+    mappers: list[dict] = [
+        {"filter": {"and_filter": {"filters": [health, _status_is("LE", 299)]}},
+         "body_format_override": {"json_format": {"status": "SERVING"}}},
+        {"filter": health, "body_format_override": {"json_format": {"status": "NOT_SERVING"}}},
+    ]
+    mappers += [{"filter": _status_is("EQ", status), "body_format_override": _error_body(code)}
+                for status, code in LOCAL_REPLY_GRPC_CODES.items()]
+    return {"mappers": mappers, "body_format": _error_body(2)}
+
+
+def render(settings: EnvoySettings) -> str:
+    values = {k: str(v) for k, v in asdict(settings).items()}
+    # JSON is valid YAML flow syntax, so generated blocks drop into the template as one line.
+    values["local_reply_config"] = json.dumps(local_reply_config())
+    # A JSON string literal is a valid YAML double-quoted scalar: embeds the Lua source verbatim.
+    values["openai_errors_lua"] = json.dumps(LUA.read_text(encoding="utf-8"))
+    return string.Template(TEMPLATE.read_text(encoding="utf-8")).substitute(values)
+
+
+def write(settings: EnvoySettings, out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(settings), encoding="utf-8")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variant", choices=sorted(VARIANTS), default="local")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--http-port", type=int)
+    parser.add_argument("--admin-port", type=int)
+    parser.add_argument("--upstream-host")
+    parser.add_argument("--upstream-port", type=int)
+    parser.add_argument("--descriptor")
+    args = parser.parse_args(argv)
+    overrides = {
+        "http_port": args.http_port, "admin_port": args.admin_port, "upstream_host": args.upstream_host,
+        "upstream_port": args.upstream_port, "descriptor_path": args.descriptor,
+    }
+    settings = replace(VARIANTS[args.variant], **{k: v for k, v in overrides.items() if v is not None})
+    print(write(settings, args.out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""`make run`: start generation + preprocess + Envoy, wait until ready, stop all on Ctrl-C/SIGTERM.
+
+Ports and model: flags, else MSTAR_HTTP_PORT / MSTAR_ADMIN_PORT / MSTAR_PREPROCESS_PORT /
+MSTAR_GENERATION_PORT / MSTAR_MODEL, else 8080 / 9901 / 50051 / 50052 / default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+from services.stack.readiness import NotReady
+from services.stack.stack import Stack, StackConfig
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m services.stack", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="'default' (the embedded SmolLM2), a .gguf file or a HF directory")
+    p.add_argument("--http-port", type=int)
+    p.add_argument("--admin-port", type=int)
+    p.add_argument("--preprocess-port", type=int)
+    p.add_argument("--generation-port", type=int)
+    p.add_argument("--null-engine", action="store_true", help="generation without a model (plumbing tests)")
+    p.add_argument("--log-dir", type=Path, help="where the three logs go (default: a temp dir)")
+    p.add_argument("--ready-timeout", type=float, default=600.0)
+    return p.parse_args(argv)
+
+
+def banner(stack: Stack) -> str:
+    t = stack.timings_s
+    url = stack.http_url
+    return f"""
+mstar is ready in {t['ready']:.1f} s (generation {t['generation']:.1f} s, preprocess {t['preprocess']:.1f} s,
+first request through Envoy {t['first_request'] - t['envoy_upstream']:.2f} s)
+
+  HTTP/JSON + gRPC   {url}   (grpcurl -plaintext {stack.grpc_target} list)
+  OpenAI base_url    {url}/v1
+  health             {url}/health
+  Envoy admin        {stack.admin_url}   (127.0.0.1 only)
+  preprocess gRPC    {stack.preprocess_target}
+  generation gRPC    {stack.generation_target}
+  logs               {stack.log_dir}
+
+  curl -N {url}/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{{"model": "default", "stream": true, "max_tokens": 32,
+         "messages": [{{"role": "user", "content": "Say hello in French."}}]}}'
+
+Ctrl-C stops all three.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    config = StackConfig.from_env(
+        model=args.model, http_port=args.http_port, admin_port=args.admin_port,
+        preprocess_port=args.preprocess_port, generation_port=args.generation_port,
+        log_dir=args.log_dir, ready_timeout_s=args.ready_timeout, null_engine=args.null_engine or None)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM stops the stack exactly like Ctrl-C
+
+    signal.signal(signal.SIGTERM, on_signal)
+    stack = Stack(config)
+    print(f"starting mstar (model {config.model}); logs in {stack.log_dir}", flush=True)
+    try:
+        stack.start()
+        print(banner(stack), flush=True)
+        while stack._alive():
+            time.sleep(0.5)
+        print("a service exited unexpectedly:\n" + stack.describe_failure(), file=sys.stderr, flush=True)
+        return 1
+    except NotReady as exc:
+        print(f"mstar did not become ready: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print("\nstopping (Envoy, preprocess, generation) ...", flush=True)
+        return 0
+    finally:
+        # Ignore further Ctrl-C while children drain, so a double press cannot leave orphans.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        codes = stack.stop()
+        if codes:
+            print("stopped: " + ", ".join(f"{k} exit {v}" for k, v in codes.items()), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

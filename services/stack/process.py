@@ -1,0 +1,72 @@
+"""A child process that cannot outlive its parent and is stopped as a whole process group.
+
+Each child gets its own session (so Ctrl-C in the terminal reaches only the launcher, which then
+stops children in order) and PR_SET_PDEATHSIG=SIGKILL (so if the launcher dies without cleaning
+up, e.g. SIGKILL, the kernel kills the children: no orphans holding ports).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+
+
+def _child_setup() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: process groups still make stop() reliable
+
+
+class Child:
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the child
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})}, preexec_fn=_child_setup, close_fds=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, grace_s: float = 10.0) -> int | None:
+        """SIGTERM the group, wait up to grace_s, then SIGKILL it. Returns the exit code."""
+        if self.alive():
+            self.signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while self.alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        if self.alive():
+            self.signal(signal.SIGKILL)
+        code = self.proc.wait()
+        self.signal(signal.SIGKILL)  # anything the child left behind in its group
+        self._log.close()
+        return code
