@@ -1,7 +1,7 @@
 """Request caps and sampling validation: everything that is checked before admission, so the
 generation engine never sees an impossible value and no huge allocation follows a huge number.
 
-max_tokens policy (documented in docs/preprocess.md): CLAMP. An absent max_tokens means "what
+max_tokens policy: CLAMP. An absent max_tokens means "what
 fits" (context - prompt, capped by `max_tokens_cap`); a max_tokens larger than what fits is
 clamped and the request carries the warning "max_tokens clamped to N". A value above the absolute
 cap, zero or negative is INVALID_ARGUMENT (that is a client bug, not a fit question).
