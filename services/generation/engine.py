@@ -115,17 +115,23 @@ class Engine:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            out = StepOutput(step=self.num_steps)
-            try:
-                has_work = not self.is_dead and self.scheduler.has_work()
-                self._apply_commands(out, wait_s=0.0 if has_work else self.config.idle_wait_s)
-                if not self.is_dead and self.scheduler.has_work():
-                    self._step(out)
-            except Exception as e:  # a crashed step: fail everyone, go NOT_SERVING
-                self._die(e, out)
-            self.stats.update(self)
+            out = self.run_once(self.config.idle_wait_s)
             if out:
                 self.on_step(out)
+
+    def run_once(self, idle_wait_s: float = 0.0) -> StepOutput:
+        """One loop iteration: apply queued commands, run a step if there is work. The loop thread
+        calls this; tests may call it directly on an engine that was never started."""
+        out = StepOutput(step=self.num_steps)
+        try:
+            has_work = not self.is_dead and self.scheduler.has_work()
+            self._apply_commands(out, wait_s=0.0 if has_work else idle_wait_s)
+            if not self.is_dead and self.scheduler.has_work():
+                self._step(out)
+        except Exception as e:  # a crashed step: fail everyone, go NOT_SERVING
+            self._die(e, out)
+        self.stats.update(self)
+        return out
 
     def _apply_commands(self, out: StepOutput, wait_s: float) -> None:
         try:

@@ -97,7 +97,10 @@ def _dequantize(tensor) -> np.ndarray:
     except (NotImplementedError, ValueError, KeyError) as e:
         kind = GGMLQuantizationType(tensor.tensor_type).name
         raise CheckpointError(f"tensor {tensor.name}: quant type {kind} is not supported ({e})") from e
-    return np.ascontiguousarray(data, dtype=np.float32).reshape(tuple(int(d) for d in reversed(tensor.shape)))
+    data = np.ascontiguousarray(data, dtype=np.float32)
+    if not data.flags.writeable:  # F32 tensors come back as views of the read-only memory map
+        data = data.copy()
+    return data.reshape(tuple(int(d) for d in reversed(tensor.shape)))
 
 
 def load_gguf(path: str) -> Checkpoint:

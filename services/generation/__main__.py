@@ -1,0 +1,113 @@
+"""`python -m services.generation --model default|FILE.gguf|HF_DIR --port N` (port 0 = any free port).
+
+Starts gRPC at once (health NOT_SERVING), loads and warms the model, then reports SERVING. On
+SIGTERM: NOT_SERVING, stop admitting, let running requests finish for --grace-s, fail the rest with
+UNAVAILABLE, end the streams, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+
+from mstar.v1 import generation_service_pb2_grpc as gen_grpc
+
+from services.common import errors
+from services.common.logs import setup_logging
+from services.common.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer
+from services.generation.engine import Engine, EngineConfig, SamplingParams
+from services.generation.servicer import GenerationServicer
+
+log = logging.getLogger("services.generation")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m services.generation", description=__doc__)
+    p.add_argument("--model", default="default", help="'default' (embedded SmolLM2 GGUF), a .gguf file or an HF dir")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=50052, help="0 = any free port (printed)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--threads", type=int, default=2, help="torch threads on CPU (measured in docs/benchmarks-engine.md)")
+    p.add_argument("--kv-blocks", type=int, default=1024)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-batched-tokens", type=int, default=512)
+    p.add_argument("--status-interval-ms", type=int, default=0, help="ConductorStatus period; 0 = off")
+    p.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
+    p.add_argument("--grace-s", type=float, default=10.0, help="drain period on SIGTERM")
+    p.add_argument("--null-engine", action="store_true", help="no model: fixed fake tokens (transport benchmarks)")
+    p.add_argument("--null-step-ms", type=float, default=0.0, help="step time of the null engine")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def build_runner(args):
+    if args.null_engine:
+        from services.generation.null_runner import NullRunner
+
+        return NullRunner(step_time_s=args.null_step_ms / 1000.0)
+    from services.generation.model_runner import ModelRunner, RunnerConfig
+    from services.generation.weights.locate import load_checkpoint
+
+    checkpoint = load_checkpoint(args.model)
+    config = RunnerConfig(args.kv_blocks, args.block_size, args.device, args.threads)
+    return ModelRunner(checkpoint, config)
+
+
+def warm_up(engine: Engine, timeout_s: float = 120.0) -> None:
+    """One tiny greedy request through the whole engine before reporting SERVING."""
+    engine.add_request(("warmup", "warmup"), [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=2))
+    deadline = time.monotonic() + timeout_s
+    while engine.num_unfinished or not engine.num_steps:
+        if time.monotonic() > deadline or engine.is_dead:
+            raise RuntimeError("warm-up did not finish")
+        time.sleep(0.01)
+
+
+async def serve(args) -> None:
+    loop = asyncio.get_running_loop()
+    servicer = GenerationServicer(status_interval_ms=args.status_interval_ms)
+    server = GrpcServer(args.host, args.port, max_message_bytes=args.max_message_bytes)
+    server.add(gen_grpc.add_GenerationServiceServicer_to_server, servicer, "mstar.v1.GenerationService")
+    port = await server.start()
+    print(f"generation service listening on port {port}", flush=True)
+    runner = await asyncio.to_thread(build_runner, args)
+    config = EngineConfig(args.kv_blocks, args.block_size, args.max_num_seqs, args.max_batched_tokens)
+
+    def on_dead(exc: BaseException) -> None:
+        loop.call_soon_threadsafe(lambda: asyncio.ensure_future(server.set_serving(False)))
+
+    # The warm-up request's key names no stream, so the servicer drops its outputs.
+    engine = Engine(runner, config, servicer.on_step, on_dead)
+    servicer.attach(engine, loop)
+    engine.start()
+    await asyncio.to_thread(warm_up, engine)
+    await server.set_serving(True)
+    log.info("generation ready", extra={"port": port, "model": args.model, "null_engine": args.null_engine})
+
+    async def drain(grace_s: float) -> None:
+        servicer.is_draining = True
+        engine.stop_admitting()
+        deadline = loop.time() + grace_s
+        while engine.num_unfinished and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        engine.fail_all(errors.unavailable("the server is shutting down", "SHUTTING_DOWN"))
+        while engine.num_unfinished and loop.time() < deadline + 2.0:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.05)  # let the last frames reach the streams
+        servicer.shutdown(errors.unavailable("the server is shutting down", "SHUTTING_DOWN"))
+
+    await server.wait_for_shutdown(args.grace_s, on_drain=drain)
+    engine.stop()
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    setup_logging("services.generation", args.log_level)
+    asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""A model runner without a model, for transport benchmarks (``--null-engine``).
+
+Same engine, scheduler, block manager and protocol; each step just sleeps ``step_time_s`` and
+"samples" a fixed token for every sequence, so what gets measured is gRPC, framing and the
+engine's bookkeeping, not matmuls.
+"""
+
+from __future__ import annotations
+
+import time
+
+from services.generation.sampler import SampleOutput
+from services.generation.sequence import Sequence
+
+
+class NullRunner:
+    def __init__(self, vocab_size: int = 49152, max_model_len: int = 8192, step_time_s: float = 0.0,
+                 token_id: int = 42):
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.eos_token_ids: tuple[int, ...] = ()
+        self.step_time_s = step_time_s
+        self.token_id = token_id
+
+    def run(self, seqs: list[Sequence], num_new_tokens: list[int], sampling: list[bool]) -> SampleOutput:
+        if self.step_time_s:
+            time.sleep(self.step_time_s)
+        n = sum(sampling)
+        return SampleOutput([self.token_id] * n, [None] * n, [True] * n)
+
+    def clear_blocks(self, block_ids: list[int]) -> None:
+        return None

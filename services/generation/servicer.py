@@ -1,0 +1,194 @@
+"""GenerationService.Stream: many requests multiplexed on one bidirectional stream per client.
+
+Each stream gets an id; engine keys are (stream id, request id), so two streams may use the same
+request id. A reader task applies the client's envelopes in order (engine calls only enqueue).
+The engine thread reports each step once; ``_dispatch`` (on the event loop, via
+call_soon_threadsafe) splits it per stream into ONE StreamResponse holding that stream's
+ResultTokens rows followed by the same step's RequestComplete / RequestFailed envelopes. When a
+stream ends for any reason, every request still running on it is aborted (blocks freed within a
+step). A stream whose reader stops reading and lets ``max_queued_frames`` pile up is ended with
+RESOURCE_EXHAUSTED, so one stalled client cannot grow the server's memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+import grpc
+from mstar.v1 import generation_service_pb2 as gen_pb2
+from mstar.v1 import generation_service_pb2_grpc as gen_grpc
+from mstar.v1 import messages_pb2 as pb
+
+from services.common import errors
+from services.generation import wire
+from services.generation.outputs import StepOutput
+
+log = logging.getLogger(__name__)
+
+STATUS_INTERVAL_KEY = "mstar-status-interval-ms"
+
+
+@dataclass
+class _Stream:
+    stream_id: int
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # StreamResponse | MstarError | None
+    active: set[str] = field(default_factory=set)
+    is_half_closed: bool = False
+
+
+class GenerationServicer(gen_grpc.GenerationServiceServicer):
+    def __init__(self, status_interval_ms: int = 0, max_queued_frames: int = 10_000):
+        self.engine = None  # set once the model is loaded and warm
+        self.default_status_interval_ms = status_interval_ms
+        self.max_queued_frames = max_queued_frames
+        self.is_draining = False
+        self._streams: dict[int, _Stream] = {}
+        self._ids = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- engine side --------------------------------------------------------------------------
+
+    def attach(self, engine, loop: asyncio.AbstractEventLoop) -> None:
+        self.engine, self._loop = engine, loop
+
+    def on_step(self, out: StepOutput) -> None:
+        """Engine thread: hand the step to the event loop."""
+        self._loop.call_soon_threadsafe(self._dispatch, out)
+
+    def _dispatch(self, out: StepOutput) -> None:
+        per_stream: dict[int, tuple[list, list]] = {}
+        for row in out.tokens:
+            per_stream.setdefault(row.key[0], ([], []))[0].append(row)
+        for item in out.completed:
+            per_stream.setdefault(item.key[0], ([], []))[1].append((item.key[1], wire.request_complete, item))
+        for item in out.failed:
+            per_stream.setdefault(item.key[0], ([], []))[1].append((item.key[1], wire.failure, item))
+        for stream_id, (rows, ends) in per_stream.items():
+            stream = self._streams.get(stream_id)
+            if stream is None:
+                continue  # the stream is gone; its requests were aborted
+            # Only requests the client still sees as running: one that was already ended here
+            # (e.g. a malformed append) must not get a second terminal event.
+            rows = [r for r in rows if r.key[1] in stream.active]
+            envelopes = [wire.result_tokens(out.step, rows, out.num_batched_tokens)] if rows else []
+            for request_id, to_envelope, item in ends:
+                if request_id in stream.active:
+                    stream.active.discard(request_id)
+                    envelopes.append(to_envelope(item))
+            if envelopes:
+                self._put(stream, gen_pb2.StreamResponse(envelopes=envelopes))
+
+    def _put(self, stream: _Stream, item) -> None:
+        if stream.queue.qsize() >= self.max_queued_frames:
+            item = errors.resource_exhausted("the client stopped reading its stream", "SLOW_CONSUMER", None)
+        stream.queue.put_nowait(item)
+
+    def shutdown(self, error: errors.MstarError) -> None:
+        """End every open stream with error (after the drain grace period)."""
+        for stream in list(self._streams.values()):
+            stream.queue.put_nowait(error)
+
+    # -- RPC ----------------------------------------------------------------------------------
+
+    async def Stream(self, request_iterator, context: grpc.aio.ServicerContext):
+        if self.engine is None or self.engine.is_dead or self.is_draining:
+            await errors.abort(context, errors.unavailable("the generation service is not serving", "NOT_SERVING"))
+        stream = _Stream(next(self._ids))
+        self._streams[stream.stream_id] = stream
+        reader = asyncio.create_task(self._read(stream, request_iterator))
+        ticker = None
+        interval_ms = self._status_interval_ms(context)
+        if interval_ms > 0:
+            ticker = asyncio.create_task(self._tick(stream, interval_ms / 1000.0))
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, errors.MstarError):
+                    await errors.abort(context, item)
+                if item is not None:
+                    yield item
+                if stream.is_half_closed and not stream.active and stream.queue.empty():
+                    return
+        finally:
+            reader.cancel()
+            if ticker is not None:
+                ticker.cancel()
+            self._streams.pop(stream.stream_id, None)
+            if self.engine is not None:
+                for request_id in stream.active:
+                    self.engine.abort((stream.stream_id, request_id))
+
+    def _status_interval_ms(self, context) -> int:
+        for key, value in context.invocation_metadata() or ():
+            if key == STATUS_INTERVAL_KEY:
+                try:
+                    return max(int(value), 0)
+                except ValueError:
+                    return 0
+        return self.default_status_interval_ms
+
+    async def _tick(self, stream: _Stream, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            self._put(stream, wire.conductor_status(self.engine.stats.snapshot()))
+
+    async def _read(self, stream: _Stream, request_iterator) -> None:
+        try:
+            async for request in request_iterator:
+                for envelope in request.envelopes:
+                    self._apply(stream, envelope)
+        except errors.MstarError as e:
+            stream.queue.put_nowait(e)
+        except (grpc.RpcError, asyncio.CancelledError):
+            return
+        stream.is_half_closed = True
+        stream.queue.put_nowait(None)  # wake the writer so it can end the stream
+
+    def _apply(self, stream: _Stream, envelope: pb.Envelope) -> None:
+        kind = envelope.WhichOneof("payload")
+        if kind == "preprocess_input":
+            self._start(stream, envelope.preprocess_input)
+        elif kind == "client_append":
+            msg = envelope.client_append
+            if msg.request_id not in stream.active:
+                return  # finished or aborted meanwhile
+            try:
+                token_ids, input_done = wire.append_of(msg)
+            except errors.MstarError as e:
+                self._fail_locally(stream, msg.request_id, e)
+                return
+            self.engine.append((stream.stream_id, msg.request_id), token_ids, input_done)
+        elif kind == "abort":
+            if envelope.abort.request_id in stream.active:
+                self.engine.abort((stream.stream_id, envelope.abort.request_id))
+        else:
+            raise errors.invalid_argument("envelopes", f"a client may not send {kind or 'an empty envelope'}")
+
+    def _start(self, stream: _Stream, msg: pb.PreprocessInput) -> None:
+        request_id = msg.request_id
+        if not request_id:
+            self._put(stream, _single(wire.request_failed("", errors.invalid_argument("request_id", "required"))))
+            return
+        if request_id in stream.active:
+            error = errors.already_exists(f"request {request_id!r} is already running on this stream")
+            self._put(stream, _single(wire.request_failed(request_id, error)))
+            return
+        try:
+            token_ids, params, input_done = wire.request_of(msg)
+        except errors.MstarError as e:
+            self._put(stream, _single(wire.request_failed(request_id, e)))
+            return
+        stream.active.add(request_id)
+        self.engine.add_request((stream.stream_id, request_id), token_ids, params, input_done)
+
+    def _fail_locally(self, stream: _Stream, request_id: str, error: errors.MstarError) -> None:
+        stream.active.discard(request_id)
+        self.engine.abort((stream.stream_id, request_id))  # its Completion(cancelled) is dropped: not active
+        self._put(stream, _single(wire.request_failed(request_id, error)))
+
+
+def _single(envelope: pb.Envelope) -> gen_pb2.StreamResponse:
+    return gen_pb2.StreamResponse(envelopes=[envelope])

@@ -1,0 +1,129 @@
+"""Protobuf <-> engine domain objects for GenerationService.Stream (protobuf stops here)."""
+
+from __future__ import annotations
+
+import time
+
+from google.protobuf import timestamp_pb2
+from mstar.v1 import generation_service_pb2 as gen_pb2
+from mstar.v1 import messages_pb2 as pb
+
+from services.common import errors
+from services.generation.outputs import FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, Completion, Failure, TokenEvent
+from services.generation.sampling_params import SamplingParams
+from services.generation.stats import COUNTER, KINDS
+
+_FINISH = {FINISH_STOP: pb.FINISH_REASON_STOP, FINISH_LENGTH: pb.FINISH_REASON_LENGTH,
+           FINISH_CANCELLED: pb.FINISH_REASON_CANCELLED}
+
+
+def _timestamp(unix_s: float) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(unix_s * 1e9))
+    return ts
+
+
+def token_ids_of(parts, where: str) -> list[int]:
+    """Token ids of MODALITY_TOKENS parts; any other payload is a client mistake here."""
+    ids: list[int] = []
+    for i, part in enumerate(parts):
+        if part.modality != pb.MODALITY_TOKENS or part.WhichOneof("source") not in (None, "token_ids"):
+            raise errors.invalid_argument(f"{where}[{i}]", "the generation service accepts MODALITY_TOKENS token_ids only")
+        ids.extend(part.token_ids.ids)
+    return ids
+
+
+def sampling_params_of(kwargs: pb.ModelKwargs) -> SamplingParams:
+    s = kwargs.sampling
+    if kwargs.HasField("extra") and kwargs.extra.fields:
+        name = sorted(kwargs.extra.fields)[0]
+        raise errors.invalid_argument(f"model_kwargs.extra.{name}", "unknown model keyword argument")
+    if s.HasField("n") and s.n != 1:
+        raise errors.invalid_argument("model_kwargs.sampling.n", "only n = 1 is supported by the engine")
+    p = SamplingParams(stop_token_ids=list(s.stop_token_ids), ignore_eos=s.ignore_eos)
+    for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
+                 "presence_penalty", "seed", "max_tokens", "logprobs"):
+        if s.HasField(name):
+            setattr(p, name, getattr(s, name))
+    return p
+
+
+def request_of(msg: pb.PreprocessInput) -> tuple[list[int], SamplingParams, bool]:
+    """(prompt token ids, sampling params, input_done) of a PreprocessInput."""
+    if msg.text or msg.messages:
+        raise errors.invalid_argument("text", "the generation service takes token ids, not text")
+    ids = token_ids_of(msg.prompt_parts, "prompt_parts")
+    params = sampling_params_of(msg.model_kwargs)
+    input_done = pb.MODALITY_TOKENS not in msg.input_modalities or pb.MODALITY_TOKENS in msg.ends
+    return ids, params, input_done
+
+
+def append_of(msg: pb.ClientAppend) -> tuple[list[int], bool]:
+    if msg.text:
+        raise errors.invalid_argument("text", "the generation service takes token ids, not text")
+    return token_ids_of(msg.chunks, "chunks"), pb.MODALITY_TOKENS in msg.ends
+
+
+def result_tokens(step: int, rows: list[TokenEvent], num_batched_tokens: int) -> pb.Envelope:
+    frame = pb.ResultTokens(
+        step=step,
+        request_ids=[r.key[1] for r in rows],
+        token_ids=[r.token_id for r in rows],
+        loop_indices=[r.index for r in rows],
+        signal=pb.SIGNAL_STEP,
+        modality=pb.MODALITY_TOKENS,
+        metadata={"batch_tokens": str(num_batched_tokens)},
+    )
+    if any(r.logprobs is not None for r in rows):
+        for r in rows:
+            lp = r.logprobs
+            frame.logprobs.append(
+                pb.TokenLogprobs(logprob=lp.logprob, top_token_ids=lp.top_token_ids, top_logprobs=lp.top_logprobs)
+                if lp is not None else pb.TokenLogprobs()
+            )
+    return pb.Envelope(result_tokens=frame)
+
+
+def request_complete(c: Completion) -> pb.Envelope:
+    return pb.Envelope(request_complete=pb.RequestComplete(
+        request_id=c.key[1],
+        output_chunk_counts=[pb.ModalityCount(modality=pb.MODALITY_TOKENS, chunks=c.num_output_tokens)],
+        conductor_arrival_time=_timestamp(c.arrival_time),
+        conductor_ingest_time=_timestamp(c.ingest_time),
+        conductor_finish_time=_timestamp(c.finish_time),
+        usage=pb.Usage(
+            prompt_tokens=c.num_prompt_tokens,
+            cached_prompt_tokens=c.num_cached_tokens,
+            completion_tokens=c.num_output_tokens,
+            total_tokens=c.num_prompt_tokens + c.num_output_tokens,
+        ),
+        timings=pb.Timings(
+            queue_ms=c.queue_ms, prefill_ms=c.prefill_ms, time_to_first_token_ms=c.ttft_ms,
+            decode_ms=c.decode_ms, e2e_ms=c.e2e_ms, preempted_ms=c.preempted_ms,
+        ),
+        finish_reason=_FINISH[c.finish_reason],
+        warnings=c.warnings,
+    ))
+
+
+def request_failed(request_id: str, error: errors.MstarError) -> pb.Envelope:
+    return pb.Envelope(request_failed=pb.RequestFailed(
+        request_id=request_id, message=error.message, code=int(error.code),
+        http_status=error.http_status, reason=error.reason,
+    ))
+
+
+def failure(f: Failure) -> pb.Envelope:
+    return request_failed(f.key[1], f.error)
+
+
+def conductor_status(snapshot: dict[str, float]) -> gen_pb2.StreamResponse:
+    metrics = [
+        pb.MetricSnapshot(
+            family="mstar_generation", name=name, value=float(value),
+            kind=pb.METRIC_KIND_COUNTER if KINDS.get(name) == COUNTER else pb.METRIC_KIND_GAUGE,
+        )
+        for name, value in snapshot.items()
+    ]
+    status = pb.ConductorStatus(time=_timestamp(time.time()), metrics=metrics)
+    return gen_pb2.StreamResponse(envelopes=[pb.Envelope(conductor_status=status)])

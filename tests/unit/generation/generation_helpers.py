@@ -1,0 +1,34 @@
+"""Drive an engine on the test thread (named uniquely: test dirs share sys.path)."""
+
+from __future__ import annotations
+
+from services.generation.engine import Engine, EngineConfig
+from services.generation.model_runner import ModelRunner, RunnerConfig
+
+
+def make_engine(checkpoint, num_blocks=64, block_size=4, max_num_seqs=32, max_num_batched_tokens=64):
+    runner = ModelRunner(checkpoint, RunnerConfig(num_blocks, block_size, "cpu", num_threads=1))
+    config = EngineConfig(num_blocks, block_size, max_num_seqs, max_num_batched_tokens)
+    return Engine(runner, config, on_step=lambda out: None)
+
+
+def drive(engine: Engine, max_steps: int = 10_000):
+    """Run the engine on this thread until every request ended; collect what it reported."""
+    tokens: dict = {}
+    completed: dict = {}
+    failed: dict = {}
+    steps = []
+    for _ in range(max_steps):
+        out = engine.run_once()
+        steps.append(out)
+        for t in out.tokens:
+            tokens.setdefault(t.key, []).append(t.token_id)
+        for c in out.completed:
+            assert c.key not in completed and c.key not in failed, "two terminal events"
+            completed[c.key] = c
+        for f in out.failed:
+            assert f.key not in completed and f.key not in failed, "two terminal events"
+            failed[f.key] = f
+        if not engine.seqs and engine._commands.empty():
+            break
+    return tokens, completed, failed, steps

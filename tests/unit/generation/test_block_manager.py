@@ -1,0 +1,119 @@
+from services.generation.block_manager import BlockManager
+from services.generation.sampling_params import SamplingParams
+from services.generation.sequence import Sequence, Timing
+
+
+def seq(tokens, seq_id=0):
+    return Sequence(seq_id, seq_id, list(tokens), SamplingParams(), 0, Timing(0.0, 0.0))
+
+
+def compute(bm, s, n):
+    bm.allocate(s, n)
+    s.num_computed_tokens += n
+    bm.register_computed_blocks(s)
+
+
+def test_allocate_and_free_return_every_block():
+    bm = BlockManager(8, 4)
+    s = seq(range(10))
+    assert bm.can_allocate(s, 10)
+    compute(bm, s, 10)
+    assert len(s.block_table) == 3 and bm.num_free_blocks == 5
+    assert all(bm.blocks[b].ref_count == 1 for b in s.block_table)
+    bm.free(s)
+    assert bm.num_free_blocks == 8 and s.block_table == []
+    assert all(b.ref_count == 0 for b in bm.blocks)
+
+
+def test_incremental_allocation_only_adds_blocks_at_boundaries():
+    bm = BlockManager(8, 4)
+    s = seq(range(3))
+    compute(bm, s, 3)
+    assert len(s.block_table) == 1
+    s.append_output(7)
+    assert bm.num_new_blocks_needed(s, 1) == 0  # position 3 still fits in block 0
+    compute(bm, s, 1)
+    s.append_output(8)
+    assert bm.num_new_blocks_needed(s, 1) == 1
+
+
+def test_cannot_allocate_beyond_pool():
+    bm = BlockManager(2, 4)
+    s = seq(range(9))
+    assert not bm.can_allocate(s, 9)
+    assert bm.can_allocate(s, 8)
+
+
+def test_prefix_hit_shares_blocks_and_counts_refs():
+    bm = BlockManager(16, 4)
+    a = seq(range(10), 0)
+    compute(bm, a, 10)  # blocks 0..1 full -> hashed
+    b = seq(list(range(8)) + [99, 98, 97], 1)
+    hit = bm.allocate_cached_prefix(b)
+    assert hit == 8 and b.num_computed_tokens == 8
+    assert b.block_table == a.block_table[:2]
+    assert [bm.blocks[x].ref_count for x in b.block_table] == [2, 2]
+    bm.free(a)
+    assert [bm.blocks[x].ref_count for x in b.block_table] == [1, 1]
+    bm.free(b)
+    assert bm.num_free_blocks == 16 and min(x.ref_count for x in bm.blocks) == 0
+
+
+def test_prefix_lookup_leaves_the_last_token_to_compute():
+    bm = BlockManager(16, 4)
+    a = seq(range(8), 0)
+    compute(bm, a, 8)
+    b = seq(range(8), 1)  # identical prompt: the last block must be recomputed for its logits
+    assert bm.allocate_cached_prefix(b) == 4
+    assert b.num_schedulable_tokens == 4
+
+
+def test_freed_blocks_stay_cached_until_reused():
+    bm = BlockManager(4, 4)
+    a = seq(range(8), 0)
+    compute(bm, a, 8)
+    bm.free(a)
+    b = seq(list(range(8)) + [5], 1)
+    assert bm.allocate_cached_prefix(b) == 8  # found in the free list
+    assert bm.num_free_blocks == 2
+    bm.free(b)
+    c = seq(range(100, 116), 2)  # takes every block: the old prefix is evicted
+    compute(bm, c, 16)
+    d = seq(list(range(8)) + [5], 3)
+    bm.free(c)
+    assert bm.allocate_cached_prefix(d) == 0
+
+
+def test_free_without_cache_forgets_hashes():
+    bm = BlockManager(4, 4)
+    a = seq(range(8), 0)
+    compute(bm, a, 8)
+    bm.free(a, keep_cache=False)
+    assert bm.hash_to_block_id == {}
+    assert bm.allocate_cached_prefix(seq(list(range(8)) + [1], 1)) == 0
+
+
+def test_double_free_is_refused():
+    bm = BlockManager(4, 4)
+    a = seq(range(4), 0)
+    compute(bm, a, 4)
+    table = list(a.block_table)
+    bm.free(a)
+    a.block_table = table
+    try:
+        bm.free(a)
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("a second free must raise, never go negative")
+    assert all(b.ref_count >= 0 for b in bm.blocks)
+
+
+def test_hit_rate_counters():
+    bm = BlockManager(16, 4)
+    a = seq(range(9), 0)
+    bm.allocate_cached_prefix(a)
+    compute(bm, a, 9)
+    b = seq(range(9), 1)
+    bm.allocate_cached_prefix(b)
+    assert bm.num_prefix_query_tokens == 18 and bm.num_prefix_hit_tokens == 8
