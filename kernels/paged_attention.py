@@ -171,11 +171,11 @@ def _reduce_splits_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     part = splits * stride_ps + token * stride_pt + head * stride_ph  # [NUM_SPLITS]
     m = tl.load(part_m_ptr + part)  # [NUM_SPLITS] -inf for a split that saw no key
-    l = tl.load(part_l_ptr + part)
+    l_s = tl.load(part_l_ptr + part)
     acc = tl.load(part_acc_ptr + part[:, None] * head_dim + offs_d[None, :], mask=offs_d[None, :] < head_dim, other=0.0)
     m_max = tl.max(m, axis=0)
     w = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))  # [NUM_SPLITS]
-    denom = tl.sum(w * l, axis=0)
+    denom = tl.sum(w * l_s, axis=0)
     out = tl.sum(w[:, None] * acc, axis=0) / tl.where(denom == 0.0, 1.0, denom)
     tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=offs_d < head_dim)
 
@@ -231,7 +231,7 @@ def paged_attention(
         num_splits = choose_num_splits(n_tiles * n_kv_heads, max_context, q.device)
     if num_splits < 1 or num_splits & (num_splits - 1):
         raise ValueError(f"num_splits must be a power of two, got {num_splits}")
-    block_d = triton.next_power_of_2(head_dim)
+    block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs K and N >= 16 on the GPU
     block_n = 16 if q.device.type != "cuda" else (64 if block_d <= 128 else 32)
     if num_splits > 1:
         part_acc = torch.empty((num_splits, n_tokens, n_q_heads, head_dim), dtype=torch.float32, device=q.device)

@@ -9,7 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.reference import apply_rotary_ref, build_cos_sin_cache, rms_norm_ref, silu_and_mul_ref, store_kv_ref
+from kernels.reference import (
+    apply_rotary_ref,
+    build_cos_sin_cache,
+    rms_norm_ref,
+    silu_and_mul_ref,
+    store_kv_ref,
+)
 
 # (dtype, atol, rtol) with the reason for each tolerance.
 TOLERANCES = [

@@ -25,8 +25,9 @@ MIXED = ([5, 40, 17, 33, 1, 70], [1, 7, 17, 1, 1, 70])  # decode + a later chunk
 LONG_CHUNK = ([90, 2], [75, 1])  # a chunk that spans several query tiles next to a decode row
 SMALL_MIXED = ([5, 40, 17, 1], [1, 7, 17, 1])  # for split-KV: the interpreter pays per (token, head)
 
-# (n_q_heads, n_kv_heads, head_dim, block_size): GQA 1 with non-power-of-2 heads, 3 (SmolLM2), 8.
-HEADS = [(3, 3, 16, 16), (9, 3, 64, 32), (8, 1, 32, 16)]
+# (n_q_heads, n_kv_heads, head_dim, block_size): GQA 1 with non-power-of-2 heads and head dim,
+# 3 (SmolLM2), 8.
+HEADS = [(3, 3, 24, 16), (9, 3, 64, 32), (8, 1, 32, 16)]
 
 
 def _check(batch, dtype, num_splits, device):
