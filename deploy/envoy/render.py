@@ -47,11 +47,15 @@ class EnvoySettings:
 
 VARIANTS = {
     "local": EnvoySettings(),
+    # Both container variants read the descriptor baked into the envoy image (deploy/docker/envoy.Dockerfile).
     "compose": EnvoySettings(listen_address="0.0.0.0", upstream_host="preprocess", cluster_type="STRICT_DNS",
                              descriptor_path="/etc/envoy/descriptor.pb"),
     "k8s": EnvoySettings(listen_address="0.0.0.0", upstream_host="preprocess", cluster_type="STRICT_DNS",
-                         descriptor_path="/etc/envoy/descriptor/descriptor.pb"),
+                         descriptor_path="/etc/envoy/descriptor.pb"),
 }
+# Rendered copies that deployments use directly (regenerate with `python -m deploy.envoy.render
+# --write-committed`; tests/unit/deploy fails if they drift from the template).
+COMMITTED = {"compose": HERE / "envoy.compose.yaml", "k8s": ROOT / "deploy" / "k8s" / "envoy-config.yaml"}
 
 
 # HTTP status of an Envoy local reply → the gRPC code a transcoded error with that status carries
@@ -105,13 +109,20 @@ def write(settings: EnvoySettings, out: Path) -> Path:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variant", choices=sorted(VARIANTS), default="local")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--write-committed", action="store_true", help="rewrite the compose and k8s copies")
     parser.add_argument("--http-port", type=int)
     parser.add_argument("--admin-port", type=int)
     parser.add_argument("--upstream-host")
     parser.add_argument("--upstream-port", type=int)
     parser.add_argument("--descriptor")
     args = parser.parse_args(argv)
+    if args.write_committed:
+        for variant, path in COMMITTED.items():
+            print(write(VARIANTS[variant], path))
+        return
+    if args.out is None:
+        parser.error("--out is required")
     overrides = {
         "http_port": args.http_port, "admin_port": args.admin_port, "upstream_host": args.upstream_host,
         "upstream_port": args.upstream_port, "descriptor_path": args.descriptor,

@@ -100,7 +100,8 @@ class Stack:
         c = self.config
         t0 = time.monotonic()
         py = sys.executable
-        gen_argv = [py, "-m", "services.generation", "--model", c.model, "--port", str(c.generation_port)]
+        gen_argv = [py, "-m", "services.generation", "--model", c.model, "--host", c.host,
+                    "--port", str(c.generation_port)]
         if c.null_engine:
             gen_argv.append("--null-engine")
         self.children["generation"] = Child("generation", gen_argv + c.generation_args,
@@ -108,7 +109,7 @@ class Stack:
         self.children["preprocess"] = Child(
             "preprocess",
             [py, "-m", "services.preprocess", "--model", c.model, "--generation", self.generation_target,
-             "--port", str(c.preprocess_port), *c.preprocess_args],
+             "--host", c.host, "--port", str(c.preprocess_port), *c.preprocess_args],
             self.log_dir / "preprocess.log")
         self.children["envoy"] = start_envoy(self.envoy_settings(), self.log_dir)
         try:

@@ -1,0 +1,131 @@
+"""The rendered Envoy config in front of a scripted upstream (fake_upstream.py, no model):
+error shapes and statuses, SSE passthrough, grpc-* header hygiene, gRPC passthrough, limits.
+Fast (~3 s): Envoy starts in well under a second; the fake answers instantly."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from mstar.v1 import inference_service_pb2 as ipb
+from mstar.v1 import inference_service_pb2_grpc as ipb_grpc
+
+from deploy.envoy.render import VARIANTS
+from services.stack import readiness
+from services.stack.envoy import start_envoy
+from services.stack.ports import free_port
+from services.stack.process import Child
+
+HERE = Path(__file__).resolve().parent
+
+
+def _envoy(tmp: Path, upstream_port: int, wait_healthy: bool):
+    settings = dataclasses.replace(VARIANTS["local"], http_port=free_port(), admin_port=free_port(),
+                                   upstream_port=upstream_port)
+    child = start_envoy(settings, tmp)
+    base = f"http://127.0.0.1:{settings.http_port}"
+    readiness.poll("envoy", readiness.http_ok(f"http://127.0.0.1:{settings.admin_port}/ready", "LIVE"), 30,
+                   alive=child.alive)
+    if wait_healthy:
+        readiness.poll("upstream", readiness.http_ok(base + "/health"), 30, alive=child.alive)
+    return child, base
+
+
+@pytest.fixture(scope="module")
+def envoy(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("envoy")
+    port = free_port()
+    fake = Child("fake", [sys.executable, str(HERE / "fake_upstream.py"), "--port", str(port)], tmp / "fake.log")
+    child = None
+    try:
+        child, base = _envoy(tmp, port, wait_healthy=True)
+        yield base
+    finally:
+        if child:
+            child.stop(5)
+        fake.stop(5)
+
+
+def chat(base, content, **extra):
+    return httpx.post(base + "/v1/chat/completions", timeout=10,
+                      json={"model": "m", "messages": [{"role": "user", "content": content}], **extra})
+
+
+def openai_error(reply, status):
+    assert reply.status_code == status, reply.text
+    assert reply.headers["content-type"] == "application/json"
+    assert not [h for h in reply.headers if h.startswith("grpc-")]
+    body = reply.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "code", "param"}
+    return body["error"]
+
+
+def test_openai_errors_are_reshaped_with_status(envoy):
+    err = openai_error(chat(envoy, "too long"), 400)
+    assert err == {"message": "text: prompt is 9000 tokens, context is 8192", "type": "invalid_request_error",
+                   "code": "prompt_too_long", "param": "text"}
+    reply = chat(envoy, "overload")
+    assert openai_error(reply, 429)["type"] == "rate_limit_error" and reply.headers["retry-after"] == "1"
+    assert openai_error(chat(envoy, "hi", max_token=3), 400)["param"] == "max_token"
+    bad = httpx.post(envoy + "/v1/completions", content=b"{nope", headers={"content-type": "application/json"})
+    assert openai_error(bad, 400)["code"] == "invalid_json"
+    big = httpx.post(envoy + "/v1/completions", content=b"x" * (5 * 1024 * 1024),
+                     headers={"content-type": "application/json"})
+    assert openai_error(big, 413)["message"]
+
+
+def test_native_errors_keep_the_status_shape(envoy):
+    reply = httpx.post(envoy + "/v1/generate", json={"text": "too long"})
+    assert reply.status_code == 400 and not [h for h in reply.headers if h.startswith("grpc-")]
+    body = reply.json()
+    assert body["code"] == 3 and body["details"][0]["reason"] == "PROMPT_TOO_LONG"
+    reply = httpx.post(envoy + "/v1/generate", content=b"{bad", headers={"content-type": "application/json"})
+    assert reply.status_code == 400 and reply.json()["code"] == 3
+    reply = httpx.get(envoy + "/no/such/route")
+    assert reply.status_code == 404 and reply.json()["code"] == 5
+    assert httpx.get(envoy + "/health").json() == {"status": "SERVING"}
+
+
+def test_sse_streams_pass_through_with_keepalive_and_in_band_errors(envoy):
+    with httpx.stream("POST", envoy + "/v1/completions", json={"prompt": "fail late", "stream": True}) as reply:
+        assert reply.status_code == 200 and reply.headers["content-type"] == "text/event-stream"
+        frames = reply.read().decode().strip().split("\n\n")
+    assert frames[0] == ": keep-alive" and frames[-1] == "data: [DONE]"
+    assert json.loads(frames[-2][6:])["error"]["type"] == "service_unavailable_error"
+    reply = httpx.post(envoy + "/v1/generate_stream", json={"text": "hi"})
+    events = [json.loads(line[6:]) for line in reply.text.split("\n\n") if line.startswith("data: ")]
+    assert reply.headers["content-type"] == "text/event-stream" and "accepted" in events[0]
+    assert "".join(e["chunk"]["text"] for e in events if "chunk" in e) == "Hello world"
+    assert not [h for h in reply.headers if h.startswith("grpc-")]
+
+
+def test_plain_grpc_passes_through_with_rich_errors(envoy):
+    target = envoy.removeprefix("http://")
+    with grpc.insecure_channel(target) as channel:
+        stub = ipb_grpc.InferenceServiceStub(channel)
+        assert stub.ListModels(ipb.ListModelsRequest(), timeout=5).data[0].id == "fake"
+        with pytest.raises(grpc.RpcError) as info:
+            list(stub.GenerateStream(ipb.GenerateStreamRequest(input={"text": "too long"}), timeout=5))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert any(k == "grpc-status-details-bin" for k, _ in info.value.trailing_metadata())
+    listing = subprocess.run([str(Path(sys.executable).parent / "grpcurl"), "-plaintext", target, "list"],
+                             capture_output=True, text=True, timeout=30)
+    assert "mstar.v1.InferenceService" in listing.stdout and "grpc.health.v1.Health" in listing.stdout
+
+
+def test_dead_backend_is_an_immediate_json_503(tmp_path):
+    child, base = _envoy(tmp_path, free_port(), wait_healthy=False)  # nothing listens upstream
+    try:
+        reply = httpx.post(base + "/v1/chat/completions", json={"messages": []}, timeout=5)
+        err = openai_error(reply, 503)
+        assert err["type"] == "service_unavailable_error" and err["code"] == "no_healthy_upstream"
+        native = httpx.get(base + "/v1/models", timeout=5)
+        assert native.status_code == 503 and native.json()["code"] == 14
+        health = httpx.get(base + "/health", timeout=5)
+        assert health.status_code == 503 and health.json() == {"status": "NOT_SERVING"}
+    finally:
+        child.stop(5)

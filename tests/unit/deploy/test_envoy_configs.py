@@ -1,0 +1,69 @@
+"""Every Envoy config the project ships passes `envoy --mode validate`, and the committed copies
+(compose, k8s) are exactly what the renderer produces from the template."""
+
+import dataclasses
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deploy.envoy import render
+from services.stack.envoy import envoy_binary
+
+ROOT = Path(__file__).resolve().parents[3]
+DEPLOY = ROOT / "deploy"
+
+
+@pytest.mark.parametrize("variant", sorted(render.VARIANTS))
+def test_variant_passes_envoy_validate(variant, tmp_path):
+    # Container variants point at /etc/envoy/descriptor.pb; validate against the local build of it.
+    settings = dataclasses.replace(render.VARIANTS[variant], descriptor_path=str(render.DEFAULT_DESCRIPTOR))
+    config = render.write(settings, tmp_path / "envoy.yaml")
+    result = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(config), "--use-dynamic-base-id"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "OK" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("variant", sorted(render.COMMITTED))
+def test_committed_copies_match_the_template(variant):
+    assert render.COMMITTED[variant].read_text() == render.render(render.VARIANTS[variant]), (
+        "stale: run `python -m deploy.envoy.render --write-committed`")
+
+
+@pytest.mark.parametrize("variant", sorted(render.VARIANTS))
+def test_admin_is_loopback_only_and_upstream_resolves_by_dns_in_containers(variant):
+    config = yaml.safe_load(render.render(render.VARIANTS[variant]))
+    assert config["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
+    cluster = config["static_resources"]["clusters"][0]
+    assert cluster["common_lb_config"]["healthy_panic_threshold"]["value"] == 0
+    assert cluster["type"] == ("STATIC" if variant == "local" else "STRICT_DNS")
+
+
+def test_streaming_routes_have_no_route_timeout_but_idle_and_duration_bounds():
+    config = yaml.safe_load(render.render(render.VARIANTS["local"]))
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    assert hcm["request_headers_timeout"] and hcm["stream_idle_timeout"]
+    routes = {r["match"].get("path"): r["route"] for r in hcm["route_config"]["virtual_hosts"][0]["routes"]}
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/generate_stream", "/v1/generate", "/v1/session"):
+        assert routes[path]["timeout"] == "0s"
+        assert routes[path]["idle_timeout"] and routes[path]["max_stream_duration"]["max_stream_duration"]
+    names = [f["name"] for f in hcm["http_filters"]]
+    # header_mutation before the transcoder: it strips grpc-* headers AFTER the transcoder mapped them.
+    assert names.index("envoy.filters.http.header_mutation") < names.index("envoy.filters.http.grpc_json_transcoder")
+    assert names[-1] == "envoy.filters.http.router"
+
+
+def test_compose_and_k8s_reference_files_that_exist():
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    for service in compose["services"].values():
+        assert (ROOT / service["build"]["dockerfile"]).is_file()
+    assert "envoyproxy/envoy:v1.40" in (DEPLOY / "docker/envoy.Dockerfile").read_text()
+    kustomization = yaml.safe_load((DEPLOY / "k8s/kustomization.yaml").read_text())
+    for resource in kustomization["resources"]:
+        docs = list(yaml.safe_load_all((DEPLOY / "k8s" / resource).read_text()))
+        assert all(doc["kind"] and doc["metadata"]["name"] for doc in docs)
+    for generator in kustomization["configMapGenerator"]:
+        for entry in generator["files"]:
+            assert (DEPLOY / "k8s" / entry.split("=")[-1]).is_file()
