@@ -104,6 +104,11 @@ run: $(STAMP_PROTO) ## Start generation + preprocess + Envoy with the default mo
 bench: $(STAMP_PROTO) ## CPU benchmarks vs peers in one run; writes docs/benchmarks.md
 	$(PY) -m bench.run
 
+.PHONY: bench-peers
+bench-peers: $(STAMP_PROTO) ## Build llama.cpp's llama-server (~8 min, cached in ~/.cache/mstar), then make bench
+	PYTHON=$(PY) bash bench/peers/build_llama_server.sh
+	$(PY) -m bench.run
+
 .PHONY: bench-gpu
 bench-gpu: $(STAMP_PROTO) ## GPU kernel correctness + benchmarks (needs CUDA); writes docs/kernels.md
 	bash bench/gpu_check.sh

@@ -1,0 +1,2 @@
+"""mstar benchmarks: load generator, peers (HF transformers, llama.cpp llama-server), transport
+ceiling and the report. `python -m bench.run --help`."""

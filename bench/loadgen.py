@@ -1,0 +1,55 @@
+"""Asyncio load generator: closed-loop concurrency levels and open-loop Poisson arrivals."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+from bench.cpu import CpuMeter
+from bench.stats import Record, summarize
+
+
+async def run_concurrency(client, prompts: list[str], concurrency: int, requests: int, max_tokens: int,
+                          pids: list[int]) -> dict:
+    """`concurrency` workers send requests back to back until `requests` are done. Throughput is
+    tokens over the wall time from the first start to the last end."""
+    queue = list(range(requests))
+    records: list[Record] = []
+
+    async def worker() -> None:
+        while queue:
+            i = queue.pop(0)
+            records.append(await client.request(prompts[i % len(prompts)], max_tokens))
+
+    with CpuMeter(pids) as cpu:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    return {"mode": "concurrency", "concurrency": concurrency, **summarize(records, wall, cpu.seconds)}
+
+
+async def run_poisson(client, prompts: list[str], rate: float, requests: int, max_tokens: int,
+                      pids: list[int], seed: int = 7) -> dict:
+    """Requests arrive at exponential intervals (mean 1/rate), whatever the server's state."""
+    rng = random.Random(seed)
+    arrivals, t = [], 0.0
+    for _ in range(requests):
+        t += rng.expovariate(rate)
+        arrivals.append(t)
+
+    async def one(i: int, at: float, t0: float) -> Record:
+        await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
+        return await client.request(prompts[i % len(prompts)], max_tokens)
+
+    with CpuMeter(pids) as cpu:
+        t0 = time.perf_counter()
+        records = await asyncio.gather(*(one(i, at, t0) for i, at in enumerate(arrivals)))
+        wall = time.perf_counter() - t0
+    return {"mode": "poisson", "rate_req_s": rate, **summarize(list(records), wall, cpu.seconds)}
+
+
+async def warm_up(client, prompt: str, max_tokens: int = 4) -> None:
+    rec = await client.request(prompt, max_tokens)
+    if rec.error:
+        raise RuntimeError(f"warm-up request failed: {rec.error}")

@@ -1,0 +1,1 @@
+"""Peers measured against mstar on the same weights, prompts and thread counts."""

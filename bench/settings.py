@@ -1,0 +1,51 @@
+"""What one benchmark run measures. `make bench` uses QUICK (fits in 10 minutes on 2 cores);
+`python -m bench.run --full` the whole sweep."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Settings:
+    prompt_words: int = 48
+    max_tokens: int = 64
+    threads: int = 2  # torch threads (mstar, HF) and llama.cpp -t/-tb: the same for every peer
+    slots: int = 16  # llama-server -np
+    concurrency: list[int] = field(default_factory=lambda: [1, 4, 16])
+    grpc_concurrency: list[int] = field(default_factory=lambda: [16])  # mstar over gRPC through Envoy
+    hf_batches: list[int] = field(default_factory=lambda: [1, 4, 16])
+    poisson_rates: list[float] = field(default_factory=lambda: [1.0])
+    poisson_requests: int = 12
+    poisson_peers: bool = False  # also run the Poisson mode against llama-server
+    transport_streams: list[int] = field(default_factory=lambda: [1, 8, 64])
+    transport_tokens: int = 512
+    streamed_input_trials: int = 1
+    profile_s: float = 12.0
+
+    def requests_at(self, concurrency: int) -> int:
+        # Two rounds per worker (three at 1): enough for p50s without blowing the time budget.
+        return max(3, 2 * concurrency)
+
+    def transport_requests_at(self, streams: int) -> int:
+        # Messages are cheap: more requests per level keep each level above a second of wall time.
+        return max(8, 2 * streams)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+QUICK = Settings()
+
+FULL = Settings(
+    concurrency=[1, 2, 4, 8, 16, 32],
+    grpc_concurrency=[1, 2, 4, 8, 16, 32],
+    hf_batches=[1, 2, 4, 8, 16, 32],
+    poisson_rates=[0.5, 1.0, 2.0],
+    poisson_requests=24,
+    poisson_peers=True,
+    transport_streams=[1, 2, 4, 8, 16, 32, 64],
+    transport_tokens=512,
+    streamed_input_trials=3,
+    profile_s=20.0,
+)

@@ -1,0 +1,186 @@
+"""One function per system under test; each starts it, sweeps it with the load generator, stops
+it and returns {"rows": [...], ...} (or {"skipped": why}). They run one after another, never side
+by side, so each has the whole box."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench import procs
+from bench.clients import GrpcClient, OpenAISSEClient
+from bench.loadgen import run_concurrency, run_poisson
+from bench.peers import llama_server
+from bench.profile import Sampler
+from bench.settings import Settings
+
+OUT = procs.ROOT / "bench" / "out"
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+async def _warm(client, prompts: list[str], n: int) -> None:
+    # A burst as wide as the sweep's widest level: first-batch allocations happen here, not in a row.
+    recs = await asyncio.gather(*(client.request(prompts[i % len(prompts)], 4) for i in range(n)))
+    errors = [r.error for r in recs if r.error]
+    if errors:
+        raise RuntimeError(f"warm-up failed: {errors[0]}")
+
+
+async def sweep(client, prompts, s: Settings, levels: list[int], pids: list[int], label: str,
+                requests_at=None) -> list[dict]:
+    await _warm(client, prompts, max(levels))
+    rows = []
+    for c in levels:
+        n = (requests_at or s.requests_at)(c)
+        row = await run_concurrency(client, prompts, c, n, s.max_tokens, pids)
+        log(f"{label} c={c}: {row['tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50_ms']} ms, "
+            f"ITL p50 {row['itl_p50_ms']} ms, errors {row['errors']}")
+        rows.append(row)
+    return rows
+
+
+async def poisson(client, prompts, s: Settings, pids: list[int], label: str) -> list[dict]:
+    rows = []
+    for rate in s.poisson_rates:
+        row = await run_poisson(client, prompts, rate, s.poisson_requests, s.max_tokens, pids)
+        log(f"{label} poisson {rate}/s: {row['tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50_ms']} ms, "
+            f"p99 {row['ttft_p99_ms']} ms")
+        rows.append(row)
+    return rows
+
+
+def mstar(s: Settings, prompts: list[str]) -> dict:
+    """The full stack (Envoy + preprocess + generation, default model) via the project's Stack."""
+    from services.stack import Stack, StackConfig
+
+    config = StackConfig.with_free_ports(log_dir=OUT / "logs" / "mstar",
+                                         generation_args=["--threads", str(s.threads)])
+    log("starting mstar stack (default model)")
+    with Stack(config) as stack:
+        pids = [c.pid for c in stack.children.values()]
+        log(f"mstar ready in {stack.timings_s['ready']:.1f} s")
+
+        async def go() -> dict:
+            http = OpenAISSEClient(stack.http_url, concurrency=max(s.concurrency))
+            grpc_client = GrpcClient(stack.grpc_target)
+            try:
+                out = {"http": await sweep(http, prompts, s, s.concurrency, pids, "mstar http"),
+                       "grpc": await sweep(grpc_client, prompts, s, s.grpc_concurrency, pids, "mstar grpc"),
+                       "poisson": await poisson(http, prompts, s, pids, "mstar http")}
+                out["profile"] = await _profile(http, prompts, s, stack)
+                return out
+            finally:
+                await http.aclose()
+                await grpc_client.aclose()
+
+        result = asyncio.run(go())
+        result["startup_s"] = stack.timings_s["ready"]
+        return result
+
+
+async def _profile(client, prompts, s: Settings, stack) -> dict:
+    """A separate c=16 run with py-spy attached to both services (the measured runs above had
+    no sampler attached)."""
+    c = max(s.concurrency)
+    samplers = {name: Sampler(stack.children[name].pid, s.profile_s, OUT / f"profile-{name}.txt")
+                for name in ("generation", "preprocess")}
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < s.profile_s:
+        await run_concurrency(client, prompts, c, c, s.max_tokens, [])
+    loop = asyncio.get_running_loop()
+    return {name: await loop.run_in_executor(None, sp.finish) for name, sp in samplers.items()}
+
+
+def llama(s: Settings, prompts: list[str], gguf: str) -> dict:
+    if not llama_server.available():
+        return {"skipped": "not built; run make bench-peers"}
+    log(f"starting llama-server ({llama_server.BINARY}) -t {s.threads} -np {s.slots}")
+    with llama_server.LlamaServer(gguf, threads=s.threads, slots=s.slots) as server:
+        async def go() -> dict:
+            client = OpenAISSEClient(server.base_url, concurrency=max(s.concurrency))
+            try:
+                out = {"http": await sweep(client, prompts, s, s.concurrency, [server.pid], "llama-server")}
+                if s.poisson_peers:
+                    out["poisson"] = await poisson(client, prompts, s, [server.pid], "llama-server")
+                return out
+            finally:
+                await client.aclose()
+
+        result = asyncio.run(go())
+    result["version"] = llama_server.version()
+    result["argv"] = " ".join(Path(a).name if a.endswith(".gguf") else a for a in server.argv[1:])
+    return result
+
+
+def hf(s: Settings) -> dict:
+    log(f"HF transformers generate, batches {s.hf_batches}")
+    argv = procs.python("bench.peers.hf_generate", "--batches", ",".join(map(str, s.hf_batches)),
+                        "--prompt-words", str(s.prompt_words), "--max-tokens", str(s.max_tokens),
+                        "--threads", str(s.threads))
+    out = subprocess.run(argv, cwd=procs.ROOT, capture_output=True, text=True, timeout=900)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if out.returncode or line is None:
+        return {"skipped": f"failed (exit {out.returncode}): {out.stderr[-400:]}"}
+    result = json.loads(line[7:])
+    for row in result["rows"]:
+        log(f"hf batch={row['concurrency']}: {row['tok_s']:.1f} tok/s, TTFT {row['ttft_p50_ms']} ms")
+    return result
+
+
+def transport(s: Settings) -> dict:
+    """Null-engine stack through Envoy vs the bare grpc.aio ceiling, same client, same run."""
+    from services.stack import Stack, StackConfig
+
+    prompts = ["Short prompt for the transport benchmark."]
+    tok = Settings(**{**s.as_dict(), "max_tokens": s.transport_tokens})
+    out: dict = {}
+    bare = procs.spawn("bare-server", procs.python("bench.bare_server"))
+    try:
+        port = procs.read_port_line(bare, "bare-server")
+
+        async def go_bare() -> list[dict]:
+            client = GrpcClient(f"127.0.0.1:{port}")
+            try:
+                return await sweep(client, prompts, tok, s.transport_streams, [bare.pid], "bare ceiling",
+                                   s.transport_requests_at)
+            finally:
+                await client.aclose()
+
+        out["bare"] = asyncio.run(go_bare())
+    finally:
+        procs.stop(bare)
+    config = StackConfig.with_free_ports(null_engine=True, log_dir=OUT / "logs" / "null")
+    log("starting mstar stack with --null-engine")
+    with Stack(config) as stack:
+        pids = [c.pid for c in stack.children.values()]
+
+        async def go_stack() -> list[dict]:
+            client = GrpcClient(stack.grpc_target)
+            try:
+                return await sweep(client, prompts, tok, s.transport_streams, pids, "null-engine stack",
+                                   s.transport_requests_at)
+            finally:
+                await client.aclose()
+
+        out["stack"] = asyncio.run(go_stack())
+    return out
+
+
+def streamed_input(s: Settings) -> dict:
+    script = procs.ROOT / "bench" / "streamed_input.py"
+    if not script.exists():
+        return {"skipped": "bench/streamed_input.py not present"}
+    log("streamed-input benchmark (bench/streamed_input.py)")
+    md = OUT / "streamed_input.md"
+    out = subprocess.run([sys.executable, str(script), "--trials", str(s.streamed_input_trials), "--out", str(md)],
+                         cwd=procs.ROOT, capture_output=True, text=True, timeout=600)
+    if out.returncode or not md.exists():
+        return {"skipped": f"failed (exit {out.returncode}): {out.stderr[-400:]}"}
+    return {"markdown": md.read_text()}
