@@ -26,8 +26,9 @@ def _gather_kv(
     tables: torch.Tensor,  # [N, nb] block ids (entries past a sequence's last block may be garbage)
 ) -> torch.Tensor:  # [N, Hk, nb * BS, D]
     n, nb = tables.shape
-    blocks = cache[tables.clamp(0, cache.shape[0] - 1).long()]  # [N, nb, BS, Hk, D]
-    return blocks.reshape(n, nb * cache.shape[1], cache.shape[2], cache.shape[3]).transpose(1, 2)
+    ids = tables.clamp(0, cache.shape[0] - 1).long().flatten()  # [N * nb]
+    blocks = cache.index_select(0, ids)  # [N * nb, BS, Hk, D]; index_select beats advanced indexing on CPU
+    return blocks.view(n, nb * cache.shape[1], cache.shape[2], cache.shape[3]).transpose(1, 2)
 
 
 def _attend(q, k, v, mask, scale, is_causal=False):  # q [N, Hq, L, D]; k, v [N, Hk, S, D]
