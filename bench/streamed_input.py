@@ -73,7 +73,9 @@ def wait_ready(stub, timeout: float) -> None:
 
 def _input(text: str, max_tokens: int, **kw) -> pb.PreprocessInput:
     return pb.PreprocessInput(
-        text=text, model_kwargs=pb.ModelKwargs(sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0)), **kw
+        text=text,
+        model_kwargs=pb.ModelKwargs(sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0)),
+        **kw,
     )
 
 
@@ -106,7 +108,9 @@ def ttft_streamed(stub, text: str, gap_s: float, trial: int) -> float:
         last = i == 7
         t_last = time.perf_counter()
         stub.Append(
-            api.AppendRequest(append=pb.ClientAppend(request_id=rid, text=piece, ends=[pb.MODALITY_TEXT] if last else [])),
+            api.AppendRequest(
+                append=pb.ClientAppend(request_id=rid, text=piece, ends=[pb.MODALITY_TEXT] if last else [])
+            ),
             timeout=60,
         )
     for event in events:
@@ -126,15 +130,26 @@ def main() -> None:
 
     gen_port = free_port()
     py = str(REPO / ".venv/bin/python")
-    gen = subprocess.Popen([py, "-m", "services.generation", "--model", "default", "--port", str(gen_port)], cwd=REPO,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    pre = subprocess.Popen([py, "-m", "services.preprocess", "--generation", f"127.0.0.1:{gen_port}", "--port", "0"],
-                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    gen = subprocess.Popen(
+        [py, "-m", "services.generation", "--model", "default", "--port", str(gen_port)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pre = subprocess.Popen(
+        [py, "-m", "services.preprocess", "--generation", f"127.0.0.1:{gen_port}", "--port", "0"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         port = wait_port_line(pre, r"listening on port (\d+)", 60)
         stub = api_grpc.InferenceServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
         wait_ready(stub, 300)
-        ntok = stub.Generate(api.GenerateRequest(input=_input(prompt(-1), 1)), timeout=300).complete.usage.prompt_tokens
+        ntok = stub.Generate(
+            api.GenerateRequest(input=_input(prompt(-1), 1)), timeout=300
+        ).complete.usage.prompt_tokens
         whole = [ttft_whole(stub, prompt(t)) for t in range(args.trials)]
         gap = 1.25 * statistics.median(whole) / 8 if args.gap_s == "auto" else float(args.gap_s)
         streamed = [ttft_streamed(stub, prompt(100 + t), gap, t) for t in range(args.trials)]
