@@ -1,0 +1,31 @@
+"""The real stack (generation with the default model, preprocess, Envoy), started once per test
+session on free ports and torn down at the end. Reuse it from any e2e test:
+
+    @pytest.mark.e2e
+    def test_something(stack):          # services.stack.Stack
+        httpx.post(stack.http_url + "/v1/generate", json=...)
+        stack.generation_target, stack.preprocess_target, stack.admin_url, stack.log_dir ...
+
+Set MSTAR_E2E_LOG_DIR to keep the three logs somewhere known (default: a temp dir, printed when
+startup fails, together with the tail of every log).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from services.stack.stack import Stack, StackConfig
+
+
+@pytest.fixture(scope="session")
+def stack():
+    log_dir = Path(os.environ["MSTAR_E2E_LOG_DIR"]) if os.environ.get("MSTAR_E2E_LOG_DIR") else None
+    running = Stack(StackConfig.with_free_ports(log_dir=log_dir, ready_timeout_s=600.0))
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
