@@ -18,7 +18,9 @@ from services.common import errors
 from services.common.logs import setup_logging
 from services.common.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer
 from services.generation.engine import Engine, EngineConfig, SamplingParams
+from services.generation.faults import install_from_env
 from services.generation.servicer import GenerationServicer
+from services.generation.watchdog import watch_engine
 
 log = logging.getLogger("services.generation")
 
@@ -39,6 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--grace-s", type=float, default=10.0, help="drain period on SIGTERM")
     p.add_argument("--null-engine", action="store_true", help="no model: fixed fake tokens (transport benchmarks)")
     p.add_argument("--null-step-ms", type=float, default=0.0, help="step time of the null engine")
+    p.add_argument("--watchdog-s", type=float, default=120.0, help="fail all if a step makes no progress this long")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -73,7 +76,7 @@ async def serve(args) -> None:
     server.add(gen_grpc.add_GenerationServiceServicer_to_server, servicer, "mstar.v1.GenerationService")
     port = await server.start()
     print(f"generation service listening on port {port}", flush=True)
-    runner = await asyncio.to_thread(build_runner, args)
+    runner = install_from_env(await asyncio.to_thread(build_runner, args))  # MSTAR_FAULTS: tests only
     config = EngineConfig(args.kv_blocks, args.block_size, args.max_num_seqs, args.max_batched_tokens)
 
     def on_dead(exc: BaseException) -> None:
@@ -85,6 +88,13 @@ async def serve(args) -> None:
     engine.start()
     await asyncio.to_thread(warm_up, engine)
     await server.set_serving(True)
+
+    def on_stall(stalled_s: float) -> None:  # watchdog thread; the engine thread is stuck
+        error = errors.unavailable(f"the engine made no progress for {stalled_s:.0f} s", "ENGINE_STALLED", None)
+        loop.call_soon_threadsafe(servicer.fail_everything, error)
+        loop.call_soon_threadsafe(lambda: asyncio.ensure_future(server.set_serving(False)))
+
+    watchdog = watch_engine(engine, args.watchdog_s, on_stall)
     log.info("generation ready", extra={"port": port, "model": args.model, "null_engine": args.null_engine})
 
     async def drain(grace_s: float) -> None:
@@ -100,6 +110,7 @@ async def serve(args) -> None:
         servicer.shutdown(errors.unavailable("the server is shutting down", "SHUTTING_DOWN"))
 
     await server.wait_for_shutdown(args.grace_s, on_drain=drain)
+    watchdog.stop()
     engine.stop()
 
 

@@ -13,7 +13,7 @@ import torch
 
 from kernels.dispatch import KernelOps
 from services.generation.models.llama import KVCache, StepMetadata, Transformer
-from services.generation.sampler import Sampler, SampleOutput
+from services.generation.sampler import SampleOutput, Sampler
 from services.generation.sequence import Sequence
 from services.generation.weights.checkpoint import Checkpoint
 

@@ -53,8 +53,9 @@ class Scheduler:
         return len(self.waiting) + len(self.running)
 
     def has_work(self) -> bool:
-        return any(s.num_schedulable_tokens for s in self.running) or any(
-            s.num_schedulable_tokens for s in self.waiting
+        # tuple() copies atomically under the GIL, so a watchdog thread may call this too.
+        return any(s.num_schedulable_tokens for s in tuple(self.running)) or any(
+            s.num_schedulable_tokens for s in tuple(self.waiting)
         )
 
     def add(self, seq: Sequence) -> None:

@@ -45,6 +45,7 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
         self.default_status_interval_ms = status_interval_ms
         self.max_queued_frames = max_queued_frames
         self.is_draining = False
+        self.refusal: errors.MstarError | None = None  # set when the engine can no longer be trusted
         self._streams: dict[int, _Stream] = {}
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -86,6 +87,15 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
             item = errors.resource_exhausted("the client stopped reading its stream", "SLOW_CONSUMER", None)
         stream.queue.put_nowait(item)
 
+    def fail_everything(self, error: errors.MstarError) -> None:
+        """The engine is stuck (watchdog): end every running request here, refuse new ones."""
+        self.refusal = error
+        for stream in list(self._streams.values()):
+            ends = [wire.request_failed(request_id, error) for request_id in sorted(stream.active)]
+            stream.active.clear()
+            if ends:
+                self._put(stream, gen_pb2.StreamResponse(envelopes=ends))
+
     def shutdown(self, error: errors.MstarError) -> None:
         """End every open stream with error (after the drain grace period)."""
         for stream in list(self._streams.values()):
@@ -94,7 +104,7 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
     # -- RPC ----------------------------------------------------------------------------------
 
     async def Stream(self, request_iterator, context: grpc.aio.ServicerContext):
-        if self.engine is None or self.engine.is_dead or self.is_draining:
+        if self.engine is None or self.engine.is_dead or self.is_draining or self.refusal:
             await errors.abort(context, errors.unavailable("the generation service is not serving", "NOT_SERVING"))
         stream = _Stream(next(self._ids))
         self._streams[stream.stream_id] = stream
@@ -171,6 +181,9 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
         request_id = msg.request_id
         if not request_id:
             self._put(stream, _single(wire.request_failed("", errors.invalid_argument("request_id", "required"))))
+            return
+        if self.refusal is not None:
+            self._put(stream, _single(wire.request_failed(request_id, self.refusal)))
             return
         if request_id in stream.active:
             error = errors.already_exists(f"request {request_id!r} is already running on this stream")

@@ -9,7 +9,14 @@ from mstar.v1 import generation_service_pb2 as gen_pb2
 from mstar.v1 import messages_pb2 as pb
 
 from services.common import errors
-from services.generation.outputs import FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, Completion, Failure, TokenEvent
+from services.generation.outputs import (
+    FINISH_CANCELLED,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Completion,
+    Failure,
+    TokenEvent,
+)
 from services.generation.sampling_params import SamplingParams
 from services.generation.stats import COUNTER, KINDS
 

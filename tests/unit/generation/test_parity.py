@@ -3,8 +3,8 @@ alone and inside a batch of 16 (batch invariance), on a tiny random model and th
 
 import pytest
 import torch
-
 from generation_helpers import drive, make_engine
+
 from services.generation.sampling_params import SamplingParams
 
 transformers = pytest.importorskip("transformers")

@@ -1,6 +1,6 @@
 import pytest
-
 from generation_helpers import drive, make_engine
+
 from services.generation.block_manager import BlockManager
 from services.generation.sampling_params import SamplingParams
 from services.generation.scheduler import Scheduler, SchedulerConfig
@@ -13,7 +13,7 @@ def seq(n, seq_id, input_done=True):
 
 def run_batch(batch, new_token=5):
     """What the engine does after a step: advance computed counts, append a token when sampling."""
-    for s, n in zip(batch.seqs, batch.num_new_tokens):
+    for s, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
         sampling = s.is_sampling_step(n)
         s.num_computed_tokens += n
         if sampling:
