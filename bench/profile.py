@@ -47,7 +47,7 @@ class Sampler:
         return summarize(self.out.read_text())
 
 
-def _name(frame: str) -> str:
+def _name(frame: str, line: bool = False) -> str:
     m = _FRAME.match(frame.strip())
     if not m:
         return frame.strip()
@@ -58,7 +58,7 @@ def _name(frame: str) -> str:
             break
     else:
         file = Path(file).name
-    return f"{m['func']} ({file})"
+    return f"{m['func']} ({file}{':' + m['line'] if line and m['line'] else ''})"
 
 
 def summarize(raw: str, top: int = 12) -> dict:
@@ -70,12 +70,13 @@ def summarize(raw: str, top: int = 12) -> dict:
         if not stack or not count.isdigit():
             continue
         n = int(count)
-        frames = [_name(f) for f in stack.split(";")]
-        frames = [f for f in frames if not f.startswith(("process ", "thread "))]
-        if not frames:
+        raw_frames = [f for f in stack.split(";") if not f.startswith(("process ", "thread "))]
+        if not raw_frames:
             continue
+        frames = [_name(f) for f in raw_frames]
         total += n
-        self_time[frames[-1]] += n
+        # Self time keeps the line: a native torch op shows up as the Python line that called it.
+        self_time[_name(raw_frames[-1], line=True)] += n
         for f in set(frames):
             if "(services/" in f or "(kernels/" in f:
                 inclusive[f] += n

@@ -20,6 +20,11 @@ def _row_at(rows: list[dict] | None, c: int) -> dict | None:
     return next((r for r in rows or [] if r.get("concurrency") == c), None)
 
 
+def _primary(m: dict) -> str:
+    """mstar's series compared with the peers: HTTP through Envoy, or gRPC when HTTP failed."""
+    return "http" if m.get("http") else "grpc"
+
+
 def _tok(node: dict | None, key: str, c: int) -> float | None:
     r = _row_at((node or {}).get(key), c)
     return r["tok_s"] if r and not r.get("errors") else None
@@ -61,8 +66,13 @@ def render(res: dict, plots: list[str]) -> str:
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in levels:
-        mh, mg, lv, hv = _tok(m, "http", c), _tok(m, "grpc", c), _tok(ll, "http", c), _tok(hf, "rows", c)
+        mh, mg, lv, hv = _tok(m, _primary(m), c), _tok(m, "grpc", c), _tok(ll, "http", c), _tok(hf, "rows", c)
         out.append(f"| {c} | {_f(mh)} | {_f(mg)} | {_f(lv)} | {_f(hv)} | {_ratio(mh, hv)} | {_ratio(mh, lv)} |")
+    if m.get("http_error"):
+        out += ["", f"mstar over HTTP failed in this run ({m['http_error'][:160]}); the ratios use mstar over gRPC "
+                "through Envoy instead."]
+    if m.get("skipped"):
+        out += ["", f"mstar: {m['skipped']}."]
     if ll.get("skipped"):
         out += ["", f"llama-server: {ll['skipped']}."]
     if hf.get("skipped"):
@@ -92,7 +102,7 @@ def render(res: dict, plots: list[str]) -> str:
 
 
 def _targets(m, ll, hf, c: int) -> list[str]:
-    mh = _tok(m, "http", c)
+    mh = _tok(m, _primary(m), c)
     lines = [f"Targets at {c} streams through Envoy:"]
     for name, peer, want in (("HF generate", _tok(hf, "rows", c), TARGET_HF),
                              ("llama-server", _tok(ll, "http", c), TARGET_LLAMA)):
@@ -106,7 +116,7 @@ def _targets(m, ll, hf, c: int) -> list[str]:
 
 
 def _poisson(m, ll) -> list[str]:
-    rows = [("mstar HTTP", r) for r in m.get("poisson") or []] + [("llama-server", r) for r in ll.get("poisson") or []]
+    rows = [(f"mstar {_primary(m)}", r) for r in m.get("poisson") or []] + [("llama-server", r) for r in ll.get("poisson") or []]
     if not rows:
         return []
     out = ["## Poisson arrivals (open loop)", "", "| system | rate req/s | requests | tok/s | TTFT p50 | TTFT p99 | "

@@ -70,11 +70,21 @@ def mstar(s: Settings, prompts: list[str]) -> dict:
         async def go() -> dict:
             http = OpenAISSEClient(stack.http_url, concurrency=max(s.concurrency))
             grpc_client = GrpcClient(stack.grpc_target)
+            out: dict = {}
             try:
-                out = {"http": await sweep(http, prompts, s, s.concurrency, pids, "mstar http"),
-                       "grpc": await sweep(grpc_client, prompts, s, s.grpc_concurrency, pids, "mstar grpc"),
-                       "poisson": await poisson(http, prompts, s, pids, "mstar http")}
-                out["profile"] = await _profile(http, prompts, s, stack)
+                try:
+                    out["http"] = await sweep(http, prompts, s, s.concurrency, pids, "mstar http")
+                    primary = http
+                except RuntimeError as e:
+                    # The OpenAI surface is optional for the engine comparison: fall back to gRPC
+                    # at every level and say so in the report, rather than lose the run.
+                    log(f"mstar http unavailable ({e}); sweeping gRPC at every level instead")
+                    out["http_error"] = str(e)[:300]
+                    primary = grpc_client
+                levels = s.grpc_concurrency if "http" in out else sorted(set(s.concurrency + s.grpc_concurrency))
+                out["grpc"] = await sweep(grpc_client, prompts, s, levels, pids, "mstar grpc")
+                out["poisson"] = await poisson(primary, prompts, s, pids, f"mstar {primary.name}")
+                out["profile"] = await _profile(primary, prompts, s, stack)
                 return out
             finally:
                 await http.aclose()
