@@ -142,4 +142,8 @@ class Transformer:
             h, residual = block(h, residual, meta, self.cos_sin, kv_cache.k[i], kv_cache.v[i])
         rows = meta.logits_indices
         x, _ = self.ops.rms_norm(h[rows], self.norm, self.config.rms_norm_eps, residual[rows])  # [S, H]
-        return F.linear(x, self.lm_head).float()  # [S, V]
+        if x.device.type != "cpu":
+            return F.linear(x, self.lm_head).float()  # [S, V]
+        # CPU: the [V, H] head (113 MB fp32 for SmolLM2) in 2048-row slices stays cache-friendly;
+        # measured faster than one call at 16 rows, and bit-identical (each logit is one dot product).
+        return torch.cat([F.linear(x, w) for w in self.lm_head.split(2048)], dim=1).float()  # [S, V]

@@ -57,6 +57,7 @@ def test_tiny_model_matches_hf_alone_and_in_a_batch_of_16(tiny_checkpoint):
     assert batched == expected
 
 
+@pytest.mark.slow  # 40-65 s on the shared 2-core box (two 135M-parameter models in fp32)
 def test_default_model_matches_hf_alone_and_in_a_batch_of_16():
     from services.generation.weights.locate import load_checkpoint
 
