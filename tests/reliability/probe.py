@@ -193,3 +193,20 @@ async def wait_running(gen_addr: str, n: int = 1, timeout_s: float = 10.0) -> di
             return status
         await asyncio.sleep(0.02)
     raise AssertionError(f"fewer than {n} requests running within {timeout_s}s: {status}")
+
+
+async def wait_envoy_healthy(http_url: str, timeout_s: float = 15.0) -> float:
+    """Seconds until Envoy's GET /health answers 200 (its active health check saw preprocess
+    SERVING again)."""
+    import httpx
+
+    start = time.monotonic()
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        while time.monotonic() - start < timeout_s:
+            try:
+                if (await client.get(http_url + "/health")).status_code == 200:
+                    return time.monotonic() - start
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"Envoy /health not 200 within {timeout_s}s")
