@@ -21,6 +21,7 @@ from mstar.v1 import inference_service_pb2_grpc as api_grpc
 from services.common import errors
 from services.common.errors import MstarError, already_exists, not_found, unavailable
 from services.preprocess import wire
+from services.preprocess.openai.routes import OpenAIRoutes
 from services.preprocess.request import Chunk, Complete, Failed
 from services.preprocess.request_run import Deps, InputBudget, RequestRun
 
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 _SESSION_OUTBOX = 256  # events buffered per session before requests feel backpressure
 
 
-class InferenceServicer(api_grpc.InferenceServiceServicer):
+class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
     def __init__(self, deps: Deps) -> None:
         self._deps = deps
         self._runs: dict[str, RequestRun] = {}
