@@ -31,7 +31,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=50052, help="0 = any free port (printed)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--threads", type=int, default=2, help="torch threads on CPU (measured in docs/benchmarks-engine.md)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads on CPU; 1 measured best on the shared 2-core box (docs/benchmarks-engine.md)")
     p.add_argument("--kv-blocks", type=int, default=1024)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=64)

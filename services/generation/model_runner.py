@@ -25,7 +25,7 @@ class RunnerConfig:
     num_blocks: int = 1024
     block_size: int = 16
     device: str = "auto"  # auto: cuda when available, else cpu
-    num_threads: int = 2  # torch intra-op threads on CPU (measured: see docs/benchmarks-engine.md)
+    num_threads: int = 1  # torch intra-op threads on CPU: 1 measured best when cores are shared (docs/benchmarks-engine.md)
     force_triton: bool = False  # run the Triton kernels under TRITON_INTERPRET=1 (tests)
 
 
