@@ -1,4 +1,5 @@
-"""Asyncio load generator: closed-loop concurrency levels and open-loop Poisson arrivals."""
+"""Asyncio load generator: closed-loop concurrency levels and open-loop Poisson arrivals.
+`prompts` is anything with next() -> str (bench.prompts.PromptSource)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from bench.cpu import CpuMeter
 from bench.stats import Record, summarize
 
 
-async def run_concurrency(client, prompts: list[str], concurrency: int, requests: int, max_tokens: int,
+async def run_concurrency(client, prompts, concurrency: int, requests: int, max_tokens: int,
                           pids: list[int]) -> dict:
     """`concurrency` workers send requests back to back until `requests` are done. Throughput is
     tokens over the wall time from the first start to the last end."""
@@ -19,8 +20,8 @@ async def run_concurrency(client, prompts: list[str], concurrency: int, requests
 
     async def worker() -> None:
         while queue:
-            i = queue.pop(0)
-            records.append(await client.request(prompts[i % len(prompts)], max_tokens))
+            queue.pop()
+            records.append(await client.request(prompts.next(), max_tokens))
 
     with CpuMeter(pids) as cpu:
         t0 = time.perf_counter()
@@ -29,7 +30,7 @@ async def run_concurrency(client, prompts: list[str], concurrency: int, requests
     return {"mode": "concurrency", "concurrency": concurrency, **summarize(records, wall, cpu.seconds)}
 
 
-async def run_poisson(client, prompts: list[str], rate: float, requests: int, max_tokens: int,
+async def run_poisson(client, prompts, rate: float, requests: int, max_tokens: int,
                       pids: list[int], seed: int = 7) -> dict:
     """Requests arrive at exponential intervals (mean 1/rate), whatever the server's state."""
     rng = random.Random(seed)
@@ -38,13 +39,13 @@ async def run_poisson(client, prompts: list[str], rate: float, requests: int, ma
         t += rng.expovariate(rate)
         arrivals.append(t)
 
-    async def one(i: int, at: float, t0: float) -> Record:
+    async def one(prompt: str, at: float, t0: float) -> Record:
         await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
-        return await client.request(prompts[i % len(prompts)], max_tokens)
+        return await client.request(prompt, max_tokens)
 
     with CpuMeter(pids) as cpu:
         t0 = time.perf_counter()
-        records = await asyncio.gather(*(one(i, at, t0) for i, at in enumerate(arrivals)))
+        records = await asyncio.gather(*(one(prompts.next(), at, t0) for at in arrivals))
         wall = time.perf_counter() - t0
     return {"mode": "poisson", "rate_req_s": rate, **summarize(list(records), wall, cpu.seconds)}
 

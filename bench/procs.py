@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -14,6 +15,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = ROOT / "bench" / "out" / "logs"
+PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:
@@ -22,13 +24,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _child_setup() -> None:
+    # Own session (stop() signals the group and nothing else) and SIGKILL when the bench dies,
+    # so an interrupted run never leaves a server holding a port and two cores.
+    os.setsid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
 def spawn(name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
-    """Start a process with its output in bench/out/logs/<name>.log, in its own session so that
-    stop() ends it and its children, and nothing else."""
+    """Start a process with its output in bench/out/logs/<name>.log."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log = open(LOG_DIR / f"{name}.log", "wb")  # noqa: SIM115 (lives as long as the process)
     return subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                            start_new_session=True)
+                            preexec_fn=_child_setup)
 
 
 def python(module: str, *args: str) -> list[str]:

@@ -30,3 +30,24 @@ def make_prompts(count: int, words: int, seed: int = SEED) -> list[str]:
         text = " ".join(rng.choice(WORDS) for _ in range(words))
         out.append(text[0].upper() + text[1:] + ".")
     return out
+
+
+class PromptSource:
+    """Hands out the fixed-seed prompts in order, never the same one twice in a run: a repeated
+    prompt would be a prefix-cache hit (llama-server caches slot prompts, mstar has a prefix
+    cache) and measure the cache instead of prefill. `reset()` before each system so every
+    system gets the same sequence."""
+
+    def __init__(self, words: int, seed: int = SEED, batch: int = 256) -> None:
+        self.words, self.seed, self.batch = words, seed, batch
+        self._prompts: list[str] = []
+        self._next = 0
+
+    def reset(self) -> None:
+        self._next = 0
+
+    def next(self) -> str:
+        if self._next >= len(self._prompts):
+            self._prompts = make_prompts(len(self._prompts) + self.batch, self.words, self.seed)
+        self._next += 1
+        return self._prompts[self._next - 1]

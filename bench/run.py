@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench import procs, targets
 from bench.plots import plot_all
-from bench.prompts import make_prompts
+from bench.prompts import PromptSource
 from bench.report import render
 from bench.settings import FULL, QUICK
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from services.generation.weights.locate import default_model_path
 
     gguf = default_model_path()
-    prompts = make_prompts(max(64, 2 * max(s.concurrency + s.grpc_concurrency)), s.prompt_words)
+    prompts = PromptSource(s.prompt_words)
     t0 = time.time()
     results: dict = {"meta": {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"), "full": args.full, "commit": _commit(), "cpu": _cpu_name(),
@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     for part, key, fn in steps:
         if part not in only:
             continue
+        prompts.reset()  # every system gets the same prompt sequence
         try:
             results[key] = fn()
         except Exception as e:  # one broken system must not cost the others' numbers

@@ -16,18 +16,22 @@ from bench.clients import GrpcClient, OpenAISSEClient
 from bench.loadgen import run_concurrency, run_poisson
 from bench.peers import llama_server
 from bench.profile import Sampler
+from bench.prompts import PromptSource
 from bench.settings import Settings
 
 OUT = procs.ROOT / "bench" / "out"
+WARM_SEED = 99
 
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-async def _warm(client, prompts: list[str], n: int) -> None:
-    # A burst as wide as the sweep's widest level: first-batch allocations happen here, not in a row.
-    recs = await asyncio.gather(*(client.request(prompts[i % len(prompts)], 4) for i in range(n)))
+async def _warm(client, n: int) -> None:
+    # A burst as wide as the sweep's widest level: first-batch allocations happen here, not in a
+    # row. Its prompts come from another seed, so the measured prompts are never cached.
+    warm = PromptSource(48, seed=WARM_SEED)
+    recs = await asyncio.gather(*(client.request(warm.next(), 4) for _ in range(n)))
     errors = [r.error for r in recs if r.error]
     if errors:
         raise RuntimeError(f"warm-up failed: {errors[0]}")
@@ -35,7 +39,7 @@ async def _warm(client, prompts: list[str], n: int) -> None:
 
 async def sweep(client, prompts, s: Settings, levels: list[int], pids: list[int], label: str,
                 requests_at=None) -> list[dict]:
-    await _warm(client, prompts, max(levels))
+    await _warm(client, max(levels))
     rows = []
     for c in levels:
         n = (requests_at or s.requests_at)(c)
@@ -56,7 +60,15 @@ async def poisson(client, prompts, s: Settings, pids: list[int], label: str) -> 
     return rows
 
 
-def mstar(s: Settings, prompts: list[str]) -> dict:
+class FixedPrompt:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def next(self) -> str:
+        return self.text
+
+
+def mstar(s: Settings, prompts: PromptSource) -> dict:
     """The full stack (Envoy + preprocess + generation, default model) via the project's Stack."""
     from services.stack import Stack, StackConfig
 
@@ -108,7 +120,7 @@ async def _profile(client, prompts, s: Settings, stack) -> dict:
     return {name: await loop.run_in_executor(None, sp.finish) for name, sp in samplers.items()}
 
 
-def llama(s: Settings, prompts: list[str], gguf: str) -> dict:
+def llama(s: Settings, prompts: PromptSource, gguf: str) -> dict:
     if not llama_server.available():
         return {"skipped": "not built; run make bench-peers"}
     log(f"starting llama-server ({llama_server.BINARY}) -t {s.threads} -np {s.slots}")
@@ -148,7 +160,7 @@ def transport(s: Settings) -> dict:
     """Null-engine stack through Envoy vs the bare grpc.aio ceiling, same client, same run."""
     from services.stack import Stack, StackConfig
 
-    prompts = ["Short prompt for the transport benchmark."]
+    prompts = FixedPrompt("Short prompt for the transport benchmark.")  # null engine: no cache to defeat
     tok = Settings(**{**s.as_dict(), "max_tokens": s.transport_tokens})
     out: dict = {}
     bare = procs.spawn("bare-server", procs.python("bench.bare_server"))
