@@ -81,6 +81,9 @@ class GenerationMetrics:
                               "(decode time / (tokens - 1)).", r)
         self.e2e = _histogram(p + "e2e_seconds", "Arrival to completion.", r)
         self.preempted_time = _histogram(p + "preempted_seconds", "Time a request spent preempted.", r)
+        self._busy = False
+        self._last_output: float | None = None
+        self._seen: dict[str, float] = {}
 
     def on_step(
         self,
@@ -139,6 +142,42 @@ class GenerationMetrics:
     def on_request_failed(self, status: str) -> None:
         """A request that ended with RequestFailed; `status` is the gRPC code name."""
         self.finished.labels("error", status).inc()
+
+    def on_engine_output(self, out: Any, engine: Any) -> None:
+        """The whole per-step wiring in one call, made from the engine's step callback (engine
+        thread) with its StepOutput. Reads the fields EngineStats reads (scheduler.running /
+        waiting / num_preemptions, block_manager.num_used_blocks / num_free_blocks /
+        num_prefix_query_tokens / num_prefix_hit_tokens). The step time is the loop iteration's
+        wall time, observed only while the engine was already busy (so idle waits never count)."""
+        now = time.monotonic()
+        sched, bm = engine.scheduler, engine.block_manager
+        running, waiting = len(sched.running), len(sched.waiting)
+        if self._busy and self._last_output is not None:
+            self.steps.inc()
+            self.step_seconds.observe(now - self._last_output)
+        elif out.num_batched_tokens:
+            self.steps.inc()
+        if out.num_batched_tokens:
+            self.step_tokens.observe(out.num_batched_tokens)
+        preempted = sum(1 for s in tuple(sched.waiting) if getattr(s.timing, "preempted_at", None) is not None)
+        self.set_idle_state(running, waiting, preempted, bm.num_used_blocks, bm.num_free_blocks)
+        self.generation_tokens.inc(len(out.tokens))
+        self._count_delta("preemptions", sched.num_preemptions, self.preemptions)
+        self._count_delta("prefix_q", bm.num_prefix_query_tokens, self.prefix_queries)
+        self._count_delta("prefix_h", bm.num_prefix_hit_tokens, self.prefix_hits)
+        for c in out.completed:
+            self.on_request_finished(c)
+        for f in out.failed:
+            self.on_request_failed(f.error.code.name)
+        self._busy = running + waiting > 0
+        self._last_output = time.monotonic()
+
+    def _count_delta(self, key: str, cumulative: float, counter: Counter) -> None:
+        # Engine counters are cumulative; Prometheus counters take increments.
+        delta = cumulative - self._seen.get(key, 0)
+        if delta > 0:
+            counter.inc(delta)
+        self._seen[key] = cumulative
 
 
 @dataclass

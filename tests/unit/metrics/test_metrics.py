@@ -129,3 +129,31 @@ def test_metrics_server_serves_exposition():
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert "mstar_generation_steps_total 1.0" in body
     assert body == generate_latest(m.registry).decode() or "mstar_generation_step_seconds_bucket" in body
+
+
+def fake_engine(running=0, preemptions=0, q=0, h=0):
+    return SimpleNamespace(
+        scheduler=SimpleNamespace(running=[object()] * running, waiting=[], num_preemptions=preemptions),
+        block_manager=SimpleNamespace(num_used_blocks=running, num_free_blocks=10 - running,
+                                      num_prefix_query_tokens=q, num_prefix_hit_tokens=h),
+    )
+
+
+def test_on_engine_output_is_the_whole_step_wiring():
+    m = GenerationMetrics()
+    tok = SimpleNamespace()
+    step = SimpleNamespace(num_batched_tokens=20, tokens=[tok, tok], completed=[], failed=[])
+    m.on_engine_output(step, fake_engine(running=2, preemptions=1, q=32, h=16))
+    m.on_engine_output(step, fake_engine(running=2, preemptions=1, q=32, h=16))
+    failure = SimpleNamespace(error=SimpleNamespace(code=SimpleNamespace(name="INTERNAL")))
+    last = SimpleNamespace(num_batched_tokens=2, tokens=[tok], completed=[completion()], failed=[failure])
+    m.on_engine_output(last, fake_engine(running=0, preemptions=1, q=64, h=16))
+    assert value(m, "mstar_generation_steps_total") == 3
+    assert value(m, "mstar_generation_step_seconds_count") == 2  # the first step followed idleness
+    assert value(m, "mstar_generation_generation_tokens_total") == 5
+    assert value(m, "mstar_generation_preemptions_total") == 1  # cumulative engine counter, counted once
+    assert value(m, "mstar_generation_prefix_cache_queries_tokens_total") == 64
+    assert value(m, "mstar_generation_requests_running") == 0
+    assert value(m, "mstar_generation_kv_blocks_used") == 0
+    assert value(m, "mstar_generation_requests_finished_total", {"finish_reason": "error", "status": "INTERNAL"}) == 1
+    assert value(m, "mstar_generation_e2e_seconds_count") == 1
