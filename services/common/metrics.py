@@ -18,7 +18,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -275,6 +275,27 @@ class PreprocessMetrics:
             "api_ttft_ms": None if clock.ttft_s is None else round(clock.ttft_s * 1e3, 3),
             "api_e2e_ms": round(e2e * 1e3, 3), **{k: round(v, 3) for k, v in (timings or {}).items()},
         })
+
+    async def observe(self, events: AsyncIterator, request_id: str, rpc: str) -> AsyncIterator:
+        """The whole per-request wiring in one call: wrap a request's event stream,
+        `async for event in metrics.observe(run.events(), run.request_id, rpc="GenerateStream")`.
+        Duck-typed on the preprocess events: a chunk has `token_ids`; the terminal Complete has
+        finish_reason / prompt_tokens / completion_tokens / timings_ms; Failed has `error` (an
+        MstarError). A stream closed before its terminal event (client gone) counts as cancelled."""
+        clock = self.on_request_started(rpc)
+        end: dict[str, Any] = {"finish_reason": "cancelled", "status": "CANCELLED"}
+        try:
+            async for event in events:
+                if hasattr(event, "token_ids") and not hasattr(event, "finish_reason"):
+                    clock.on_tokens(len(event.token_ids))
+                elif hasattr(event, "finish_reason") and hasattr(event, "completion_tokens"):
+                    end = {"finish_reason": event.finish_reason, "status": "OK", "prompt_tokens": event.prompt_tokens,
+                           "completion_tokens": event.completion_tokens, "timings": dict(event.timings_ms)}
+                elif hasattr(event, "error") and hasattr(event.error, "code"):
+                    end = {"finish_reason": "error", "status": event.error.code.name}
+                yield event
+        finally:
+            self.on_request_done(request_id, clock, rpc=rpc, **end)
 
     def on_conductor_status(self, status: Any) -> None:
         """Export a ConductorStatus protobuf pushed by the generation service."""

@@ -157,3 +157,38 @@ def test_on_engine_output_is_the_whole_step_wiring():
     assert value(m, "mstar_generation_kv_blocks_used") == 0
     assert value(m, "mstar_generation_requests_finished_total", {"finish_reason": "error", "status": "INTERNAL"}) == 1
     assert value(m, "mstar_generation_e2e_seconds_count") == 1
+
+
+def test_observe_wraps_a_request_event_stream():
+    import asyncio
+
+    chunk = SimpleNamespace(token_ids=(5, 6), text="ab")
+    done = SimpleNamespace(finish_reason="length", prompt_tokens=4, completion_tokens=3, timings_ms={"queue_ms": 1.0})
+    failed = SimpleNamespace(error=SimpleNamespace(code=SimpleNamespace(name="UNAVAILABLE")))
+
+    async def events(*evs):
+        for e in evs:
+            yield e
+
+    async def consume(m, evs, stop_after=None):
+        seen = []
+        gen = m.observe(events(*evs), "r", rpc="Session")
+        async for e in gen:
+            seen.append(e)
+            if stop_after and len(seen) == stop_after:
+                break
+        await gen.aclose()  # what the servicer's generator close does when the client goes away
+        return seen
+
+    m = PreprocessMetrics()
+    assert asyncio.run(consume(m, [chunk, SimpleNamespace(token_ids=(7,), text="c"), done]))[-1] is done
+    asyncio.run(consume(m, [chunk, failed]))
+    asyncio.run(consume(m, [chunk, chunk, done], stop_after=1))
+    assert value(m, "mstar_preprocess_requests_total", {"rpc": "Session", "finish_reason": "length", "status": "OK"}) == 1
+    assert value(m, "mstar_preprocess_requests_total",
+                 {"rpc": "Session", "finish_reason": "error", "status": "UNAVAILABLE"}) == 1
+    assert value(m, "mstar_preprocess_requests_total",
+                 {"rpc": "Session", "finish_reason": "cancelled", "status": "CANCELLED"}) == 1
+    assert value(m, "mstar_preprocess_requests_in_flight", {"rpc": "Session"}) == 0
+    assert value(m, "mstar_preprocess_itl_seconds_count") == 1  # only the first request had two chunks
+    assert value(m, "mstar_preprocess_completion_tokens_total") == 3 + 2 + 2
