@@ -21,7 +21,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -32,6 +32,7 @@ from mstar.v1 import messages_pb2 as pb
 from services.common.errors import Code, MstarError, unavailable
 from services.common.server import channel_options
 from services.preprocess.request import Sampling, TokenLogprobs
+from services.preprocess.wire import sampling_pb
 
 log = logging.getLogger(__name__)
 
@@ -302,25 +303,10 @@ async def _frames(outbox: asyncio.Queue[pb.Envelope | None]):
 
 
 def _sampling_pb(s: Sampling, max_tokens: int) -> pb.SamplingParams:
-    # Stop strings are matched here on text; the engine only sees token-level stops.
-    params = pb.SamplingParams(
-        max_tokens=max_tokens, stop_token_ids=list(s.stop_token_ids), ignore_eos=s.ignore_eos, n=1
-    )
-    for name in (
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "repetition_penalty",
-        "frequency_penalty",
-        "presence_penalty",
-        "seed",
-        "logprobs",
-    ):
-        value = getattr(s, name)
-        if value is not None:
-            setattr(params, name, value)
-    return params
+    # Stop strings are matched here on text; the engine only sees token-level stops, the
+    # effective max_tokens and one completion (n > 1 fans out above this layer).
+    engine_side = replace(s, stop=(), include_stop=False, max_tokens=max_tokens, n=1)
+    return sampling_pb(engine_side)
 
 
 def _finished(done: pb.RequestComplete) -> BackendFinished:

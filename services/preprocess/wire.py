@@ -62,6 +62,21 @@ def modality(value: int, field: str) -> str:
     return name
 
 
+def sampling_pb(s: Sampling) -> pb.SamplingParams:
+    """The inverse of the sampling part of request_spec: unset (None) fields stay unset."""
+    params = pb.SamplingParams(
+        stop=s.stop,
+        stop_token_ids=s.stop_token_ids,
+        ignore_eos=s.ignore_eos,
+        include_stop_str_in_output=s.include_stop,
+    )
+    for name in _OPTIONAL_SAMPLING:
+        value = getattr(s, name)
+        if value is not None:
+            setattr(params, name, value)
+    return params
+
+
 def request_spec(msg: pb.PreprocessInput) -> RequestSpec:
     sampling_pb = msg.model_kwargs.sampling
     values = {n: getattr(sampling_pb, n) for n in _OPTIONAL_SAMPLING if sampling_pb.HasField(n)}

@@ -6,37 +6,21 @@ seed, choice i uses seed + i so every choice is reproducible and they differ fro
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from mstar.v1 import messages_pb2
 
 from services.preprocess.openai.render import TokenLogprob
 from services.preprocess.openai.request import OpenAIRequest
+from services.preprocess.wire import sampling_pb
 
 
 def preprocess_input(req: OpenAIRequest, choice: int) -> messages_pb2.PreprocessInput:
     s = req.sampling
-    params = messages_pb2.SamplingParams(
-        stop=s.stop,
-        stop_token_ids=s.stop_token_ids,
-        ignore_eos=s.ignore_eos,
-        include_stop_str_in_output=s.include_stop_str_in_output,
-    )
-    for name in (
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "repetition_penalty",
-        "frequency_penalty",
-        "presence_penalty",
-        "max_tokens",
-        "logprobs",
-    ):
-        value = getattr(s, name)
-        if value is not None:
-            setattr(params, name, value)
     if s.seed is not None:
         # Wrap within int64 so seed + i never overflows the field.
-        params.seed = ((s.seed + choice + 2**63) % 2**64) - 2**63
+        s = replace(s, seed=((s.seed + choice + 2**63) % 2**64) - 2**63)
+    params = sampling_pb(s)
     out = messages_pb2.PreprocessInput(
         model=req.model, model_kwargs=messages_pb2.ModelKwargs(sampling=params)
     )

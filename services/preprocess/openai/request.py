@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from services.common import errors
 from services.preprocess.openai import fields as f
 from services.preprocess.openai.body import decode_json_object
+from services.preprocess.request import Sampling
 
 CHAT = "chat"
 COMPLETION = "completion"
@@ -92,26 +93,6 @@ MESSAGE_KEYS = {"role", "content", "name"}
 
 
 @dataclass
-class Sampling:
-    """OpenAI sampling fields in mstar's SamplingParams vocabulary (None = server default)."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    seed: int | None = None
-    max_tokens: int | None = None
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    include_stop_str_in_output: bool = False
-    logprobs: int | None = None  # top-n alternatives per token; None = no logprobs
-
-
-@dataclass
 class OpenAIRequest:
     kind: str
     model: str = ""
@@ -137,21 +118,20 @@ def parse(kind: str, data: bytes, content_type: str) -> OpenAIRequest:
             raise errors.invalid_argument(f"stream_options.{key}", "unknown field", reason="UNKNOWN_FIELD")
     req.include_usage = bool(f.get_bool(options, "include_usage", prefix="stream_options"))
     req.n = f.get_int(body, "n", lo=1, hi=MAX_N) or 1
-    req.sampling = _sampling(body)
     if kind == CHAT:
         req.messages = _messages(body)
-        req.sampling.max_tokens = _chat_max_tokens(body)
-        req.sampling.logprobs = _chat_logprobs(body)
+        max_tokens, logprobs = _chat_max_tokens(body), _chat_logprobs(body)
     else:
         req.prompt_text, req.prompt_token_ids = _prompt(body)
         given = f.get_int(body, "max_tokens", lo=1, hi=f.INT32_MAX)
-        req.sampling.max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if given is None else given
-        req.sampling.logprobs = f.get_int(body, "logprobs", lo=0, hi=MAX_COMPLETION_LOGPROBS)
+        max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if given is None else given
+        logprobs = f.get_int(body, "logprobs", lo=0, hi=MAX_COMPLETION_LOGPROBS)
         best_of = f.get_int(body, "best_of", lo=1, hi=MAX_N)
         if best_of is not None and best_of != req.n:
             raise errors.invalid_argument(
                 "best_of", "only best_of == n is supported", reason="UNSUPPORTED_FIELD"
             )
+    req.sampling = _sampling(body, max_tokens=max_tokens, logprobs=logprobs)
     return req
 
 
@@ -174,24 +154,26 @@ def _is_neutral(key: str, value: object) -> bool:
     return value in NEUTRAL.get(key, ())
 
 
-def _sampling(body: dict) -> Sampling:
-    s = Sampling()
-    s.temperature = f.get_float(body, "temperature", lo=0.0, hi=2.0)
-    s.top_p = f.get_float(body, "top_p", lo=0.0, hi=1.0, lo_open=True)
+def _sampling(body: dict, *, max_tokens: int | None, logprobs: int | None) -> Sampling:
     top_k = f.get_int(body, "top_k", lo=-1, hi=f.INT32_MAX)
-    s.top_k = 0 if top_k == -1 else top_k  # vLLM spells "off" as -1; mstar as 0
-    s.min_p = f.get_float(body, "min_p", lo=0.0, hi=1.0)
-    s.repetition_penalty = f.get_float(body, "repetition_penalty", lo=0.0, hi=2.0, lo_open=True)
-    s.frequency_penalty = f.get_float(body, "frequency_penalty", lo=-2.0, hi=2.0)
-    s.presence_penalty = f.get_float(body, "presence_penalty", lo=-2.0, hi=2.0)
-    s.seed = f.get_int(body, "seed", lo=-(2**63), hi=f.INT64_MAX)
-    s.stop = f.get_stop(body, "stop", max_count=MAX_STOP, max_len=MAX_STOP_LEN)
-    s.stop_token_ids = f.get_int_list(
-        body, "stop_token_ids", max_count=MAX_STOP_TOKEN_IDS, lo=0, hi=f.INT32_MAX
+    return Sampling(
+        temperature=f.get_float(body, "temperature", lo=0.0, hi=2.0),
+        top_p=f.get_float(body, "top_p", lo=0.0, hi=1.0, lo_open=True),
+        top_k=0 if top_k == -1 else top_k,  # vLLM spells "off" as -1; mstar as 0
+        min_p=f.get_float(body, "min_p", lo=0.0, hi=1.0),
+        repetition_penalty=f.get_float(body, "repetition_penalty", lo=0.0, hi=2.0, lo_open=True),
+        frequency_penalty=f.get_float(body, "frequency_penalty", lo=-2.0, hi=2.0),
+        presence_penalty=f.get_float(body, "presence_penalty", lo=-2.0, hi=2.0),
+        seed=f.get_int(body, "seed", lo=-(2**63), hi=f.INT64_MAX),
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        stop=tuple(f.get_stop(body, "stop", max_count=MAX_STOP, max_len=MAX_STOP_LEN)),
+        stop_token_ids=tuple(
+            f.get_int_list(body, "stop_token_ids", max_count=MAX_STOP_TOKEN_IDS, lo=0, hi=f.INT32_MAX)
+        ),
+        ignore_eos=bool(f.get_bool(body, "ignore_eos")),
+        include_stop=bool(f.get_bool(body, "include_stop_str_in_output")),
     )
-    s.ignore_eos = bool(f.get_bool(body, "ignore_eos"))
-    s.include_stop_str_in_output = bool(f.get_bool(body, "include_stop_str_in_output"))
-    return s
 
 
 def _chat_max_tokens(body: dict) -> int | None:

@@ -31,9 +31,9 @@ def field_of(err: MstarError) -> str:
 
 
 def test_stop_string_or_list():
-    assert chat(stop="END").sampling.stop == ["END"]
-    assert chat(stop=["a", "b", ""]).sampling.stop == ["a", "b"]
-    assert chat(stop=None).sampling.stop == []
+    assert chat(stop="END").sampling.stop == ("END",)
+    assert chat(stop=["a", "b", ""]).sampling.stop == ("a", "b")
+    assert chat(stop=None).sampling.stop == ()
     assert field_of(rejected(chat, stop=5)) == "stop"
     assert field_of(rejected(chat, stop=["ok", 3])) == "stop[1]"
     assert field_of(rejected(chat, stop=["x"] * 17)) == "stop"
