@@ -43,6 +43,15 @@ class EnvoySettings:
     max_request_headers_kb: int = 64
     max_request_body_bytes: int = 4 * 1024 * 1024
     max_response_body_bytes: int = 64 * 1024 * 1024
+    # Optional edge security, OFF by default (docs/reliability.md, R26/R27). api_keys: accepted as
+    # "Authorization: Bearer KEY" or "x-api-key: KEY" (401 otherwise) and stripped before the
+    # upstream. rate_limit_rps: requests per second per Envoy (429 past it; streams in flight are
+    # never cut). /health is answered before both, so probes need no key.
+    api_keys: tuple[str, ...] = ()
+    rate_limit_rps: int = 0
+    # Overload manager: stop accepting requests near the heap cap; bound downstream connections.
+    max_heap_bytes: int = 1024 * 1024 * 1024
+    max_downstream_connections: int = 10_000
 
 
 VARIANTS = {
@@ -91,8 +100,54 @@ def local_reply_config() -> dict:
     return {"mappers": mappers, "body_format": _error_body(2)}
 
 
+def security_filters(settings: EnvoySettings) -> list[dict]:
+    """The optional API-key and rate-limit filters (an empty list when both are off)."""
+    filters: list[dict] = []
+    if settings.api_keys:
+        filters.append({"name": "envoy.filters.http.api_key_auth", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.api_key_auth.v3.ApiKeyAuth",
+            "credentials": [{"key": key, "client": f"client-{i}"} for i, key in enumerate(settings.api_keys)],
+            "key_sources": [{"header": "authorization"}, {"header": "x-api-key"}],
+            # The key never reaches preprocess; the upstream learns only which client it was.
+            "forwarding": {"header": "x-mstar-client", "hide_credentials": True},
+        }})
+    if settings.rate_limit_rps > 0:
+        everyone = {"default_value": {"numerator": 100, "denominator": "HUNDRED"}}
+        filters.append({"name": "envoy.filters.http.local_ratelimit", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit",
+            "stat_prefix": "public_rate_limit",
+            "token_bucket": {"max_tokens": settings.rate_limit_rps, "tokens_per_fill": settings.rate_limit_rps,
+                             "fill_interval": "1s"},
+            "filter_enabled": everyone, "filter_enforced": everyone,
+        }})
+    return filters
+
+
+def overload_manager(settings: EnvoySettings) -> dict:
+    heap = "envoy.resource_monitors.fixed_heap"
+    return {
+        "refresh_interval": "0.25s",
+        "resource_monitors": [
+            {"name": heap, "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.resource_monitors.fixed_heap.v3.FixedHeapConfig",
+                "max_heap_size_bytes": settings.max_heap_bytes}},
+            {"name": "envoy.resource_monitors.global_downstream_max_connections", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3."
+                         "DownstreamConnectionsConfig",
+                "max_active_downstream_connections": settings.max_downstream_connections}},
+        ],
+        "actions": [
+            {"name": "envoy.overload_actions.shrink_heap", "triggers": [{"name": heap, "threshold": {"value": 0.90}}]},
+            {"name": "envoy.overload_actions.stop_accepting_requests",
+             "triggers": [{"name": heap, "threshold": {"value": 0.98}}]},
+        ],
+    }
+
+
 def render(settings: EnvoySettings) -> str:
     values = {k: str(v) for k, v in asdict(settings).items()}
+    values["security_filters"] = "".join(f"\n          - {json.dumps(f)}" for f in security_filters(settings))
+    values["overload_manager"] = json.dumps(overload_manager(settings))
     # JSON is valid YAML flow syntax, so generated blocks drop into the template as one line.
     values["local_reply_config"] = json.dumps(local_reply_config())
     # A JSON string literal is a valid YAML double-quoted scalar: embeds the Lua source verbatim.
@@ -116,6 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--upstream-host")
     parser.add_argument("--upstream-port", type=int)
     parser.add_argument("--descriptor")
+    parser.add_argument("--api-key", action="append", default=[], help="enable API-key auth (repeatable)")
+    parser.add_argument("--rate-limit-rps", type=int, help="enable local rate limiting")
     args = parser.parse_args(argv)
     if args.write_committed:
         for variant, path in COMMITTED.items():
@@ -126,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {
         "http_port": args.http_port, "admin_port": args.admin_port, "upstream_host": args.upstream_host,
         "upstream_port": args.upstream_port, "descriptor_path": args.descriptor,
+        "api_keys": tuple(args.api_key) or None, "rate_limit_rps": args.rate_limit_rps,
     }
     settings = replace(VARIANTS[args.variant], **{k: v for k, v in overrides.items() if v is not None})
     print(write(settings, args.out))
