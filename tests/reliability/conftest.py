@@ -32,6 +32,8 @@ FUZZ_EXAMPLES = int(os.environ.get("MSTAR_FUZZ_EXAMPLES", "100"))
 
 
 NULL_STEP = ("--null-step-ms", "20")
+MAX_APPENDS = 256
+MAX_INPUT_BYTES = 1024 * 1024
 STEP_S = 0.02
 
 
@@ -42,6 +44,7 @@ class Rig:
         self.stack = stack
         self.arm_file = arm_file
         self.kv_baseline = 0.0
+        self.file_root: Path | None = None
 
     @property
     def http(self) -> str:
@@ -118,8 +121,25 @@ def started_rig(tmp_dir: Path, *, faults: str = "", null_engine: bool = True,
 def rig(tmp_path_factory) -> Iterator[Rig]:
     # 20 ms per null step (~50 tokens/s per request): long generations last long enough to be
     # interrupted at a chosen moment, short ones still finish in a fraction of a second.
-    with started_rig(tmp_path_factory.mktemp("rig"), generation_args=NULL_STEP) as r:
+    tmp = tmp_path_factory.mktemp("rig")
+    files = make_file_root(tmp / "files")
+    # Small per-stream input caps (defaults: 4096 appends, 8 MB) so R24 reaches them in a second.
+    caps = ("--max-appends", str(MAX_APPENDS), "--max-input-bytes", str(MAX_INPUT_BYTES))
+    with started_rig(tmp, generation_args=NULL_STEP, preprocess_args=("--file-root", str(files), *caps)) as r:
+        r.file_root = files
         yield r
+
+
+def make_file_root(root: Path) -> Path:
+    """The allow-listed root for file_path inputs, with the traps R25 needs already inside it."""
+    root.mkdir(parents=True)
+    (root / "ok.txt").write_text("The quick brown fox.")
+    (root / "escape").symlink_to("/etc/passwd")  # a symlink inside the root pointing out of it
+    (root / "dirlink").symlink_to("/etc")
+    os.mkfifo(root / "fifo")  # opening it blocking would hang the reader forever
+    with open(root / "huge.bin", "wb") as f:  # 10 GB, sparse: costs no disk
+        f.truncate(10 * 1024**3)
+    return root
 
 
 @pytest.fixture(scope="session")

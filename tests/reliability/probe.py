@@ -108,6 +108,7 @@ class StreamRecord:
     failed: pb.RequestFailed | None = None
     complete: pb.RequestComplete | None = None
     status: grpc.StatusCode | None = None  # the call's own status when it ended with an error
+    error: grpc.RpcError | None = None  # that error, for its rich details (RetryInfo, ErrorInfo)
 
     @property
     def terminals(self) -> int:
@@ -144,7 +145,7 @@ async def collect_stream(call, record: StreamRecord | None = None, stop_after_ch
                 call.cancel()
                 break
     except grpc.RpcError as e:
-        record.status = e.code()
+        record.status, record.error = e.code(), e
     except asyncio.CancelledError:
         if not call.cancelled():  # our own task was cancelled: not the call's outcome
             raise
