@@ -110,12 +110,27 @@ class PromptBuilder:
     def _add_text(self, text: str, where: str, mime_type: str = "") -> list[int]:
         before = self.num_tokens
         self._pending += text
+        self._reject_hopeless_length(where)
         committed = self._commit(final=False)
         # Tokens are attributed to the part that completed them (held text moves on).
         self.input_infos.append(
             InputInfo(TEXT, len(text.encode("utf-8")), self.num_tokens - before, mime_type)
         )
         return committed
+
+    def _reject_hopeless_length(self, where: str) -> None:
+        # Tokenizing runs on the event loop (~0.8 s per MB here): a text that cannot fit whatever
+        # it tokenizes to (every token is at most max_token_bytes long) is refused without it.
+        min_tokens = -(-len(self._pending.encode("utf-8")) // self._tokenizer.max_token_bytes)
+        if self.num_tokens + min_tokens >= self._model.context_length:
+            err = invalid_argument(
+                where,
+                f"prompt is at least {self.num_tokens + min_tokens} tokens; the context holds "
+                f"{self._model.context_length} (prompt + at least 1 generated token)",
+                reason="PROMPT_TOO_LONG",
+            )
+            err.metadata.update(context_length=str(self._model.context_length))
+            raise err
 
     def _commit(self, final: bool) -> list[int]:
         cut = len(self._pending) if final else self._tokenizer.stable_prefix_length(self._pending)

@@ -9,6 +9,7 @@ once.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -77,6 +78,11 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; special-token text is parsed as the special token (like HF)."""
         return self._backend.encode(text, add_special_tokens=False).ids
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The longest token in bytes: a text of B bytes is at least ceil(B / this) tokens."""
+        return max(1, max(len(b) for b in self._token_bytes))
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes token `token_id` stands for; empty for special tokens (never shown)."""

@@ -93,7 +93,8 @@ def test_deadline_aborts_real_generation(real_stack):
     with pytest.raises(grpc.RpcError) as info:
         real_stack.stub.Generate(api.GenerateRequest(input=inp), timeout=1.0)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    end = time.monotonic() + 5
+    # Bounded (nothing hangs), generous for a loaded 2-core box: the abort lands within a step.
+    end = time.monotonic() + 15
     while real_stack.backend.num_requests or real_stack.servicer.num_running:
         assert time.monotonic() < end
         time.sleep(0.02)
