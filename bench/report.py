@@ -52,7 +52,10 @@ def render(res: dict, plots: list[str]) -> str:
         f"fixed-seed synthetic prompts (~{s['prompt_words']} tokens), exactly {s['max_tokens']} new tokens "
         f"(greedy, ignore-eos), {s['threads']} threads everywhere (mstar `--threads`, HF `torch.set_num_threads`, "
         f"llama.cpp `-t/-tb`). Closed loop: N workers each send requests back to back "
-        f"(2 per worker, 3 at N=1); tok/s = all output tokens / wall time of the level.",
+        f"(2 per worker, 3 at N=1); tok/s = all output tokens / wall time of the level. All three systems are up "
+        f"at once and measured in turns at each level, {s.get('rounds', 1)} rounds; each cell is that system's "
+        "median round (every round's tok/s is in the JSON), so a ratio compares measurements minutes apart at most. "
+        "No prompt is sent twice to a system (no prefix-cache help).",
         "",
         "Systems: **mstar** = Envoy + preprocess + generation (`services.stack.Stack`, fp32 torch on CPU), "
         "driven over HTTP (OpenAI `/v1/completions`, SSE, httpx) and gRPC (`InferenceService.GenerateStream`), "

@@ -4,8 +4,8 @@
     python -m bench.run --full          # the whole sweep (1..32 streams, 3 Poisson rates, 1..64 transport)
     python -m bench.run --only mstar,hf # a subset (the doc is still rewritten from what ran)
 
-Order: HF (its own process), llama-server (if built), mstar, transport, streamed input; one
-system at a time so none competes with another for the two cores.
+Order: the comparison (mstar through Envoy, llama-server if built, HF generate; all up, measured
+in turns per level, see bench/compare.py), then the transport ceiling, then streamed input.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 
 from bench import procs, targets
+from bench.compare import compare
 from bench.plots import plot_all
-from bench.prompts import PromptSource
 from bench.report import render
 from bench.settings import FULL, QUICK
 
 DOCS = procs.ROOT / "docs"
-PARTS = ("hf", "llama", "mstar", "transport", "streamed")
+PARTS = ("compare", "transport", "streamed")
 
 
 def _cpu_name() -> str:
@@ -57,32 +57,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
     ap.add_argument("--json", type=Path, default=DOCS / "benchmarks.json")
     ap.add_argument("--doc", type=Path, default=DOCS / "benchmarks.md")
+    ap.add_argument("--concurrency", help="override the comparison's levels, e.g. 1,16")
+    ap.add_argument("--rounds", type=int, help="override the comparison's rounds")
     args = ap.parse_args(argv)
     s = FULL if args.full else QUICK
+    if args.concurrency:
+        s.concurrency = s.hf_batches = [int(x) for x in args.concurrency.split(",")]
+        s.grpc_concurrency = [max(s.concurrency)]
+    if args.rounds:
+        s.rounds = args.rounds
     only = set(args.only.split(","))
     from services.generation.weights.locate import default_model_path
 
     gguf = default_model_path()
-    prompts = PromptSource(s.prompt_words)
     t0 = time.time()
     results: dict = {"meta": {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"), "full": args.full, "commit": _commit(), "cpu": _cpu_name(),
         "cores": os.cpu_count(), "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "gguf": Path(gguf).name, "settings": s.as_dict(), "json": _rel(args.json),
     }}
-    steps = [("hf", "hf_generate", lambda: targets.hf(s)),
-             ("llama", "llama_server", lambda: targets.llama(s, prompts, gguf)),
-             ("mstar", "mstar", lambda: targets.mstar(s, prompts)),
-             ("transport", "transport", lambda: targets.transport(s)),
-             ("streamed", "streamed_input", lambda: targets.streamed_input(s))]
-    for part, key, fn in steps:
+    steps = [("compare", lambda: compare(s, gguf)),
+             ("transport", lambda: {"transport": targets.transport(s)}),
+             ("streamed", lambda: {"streamed_input": targets.streamed_input(s)})]
+    for part, fn in steps:
         if part not in only:
             continue
-        prompts.reset()  # every system gets the same prompt sequence
         try:
-            results[key] = fn()
-        except Exception as e:  # one broken system must not cost the others' numbers
-            targets.log(f"{key} failed: {type(e).__name__}: {e}")
+            results.update(fn())
+        except Exception as e:  # one broken part must not cost the others' numbers
+            targets.log(f"{part} failed: {type(e).__name__}: {e}")
+            key = {"compare": "mstar", "transport": "transport", "streamed": "streamed_input"}[part]
             results[key] = {"skipped": f"failed: {type(e).__name__}: {str(e)[:300]}"}
     results["meta"]["duration_s"] = time.time() - t0
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,20 +1,16 @@
-"""One function per system under test; each starts it, sweeps it with the load generator, stops
-it and returns {"rows": [...], ...} (or {"skipped": why}). They run one after another, never side
-by side, so each has the whole box."""
+"""Building blocks of a run (sweeps, Poisson, the profile) and the parts measured on their own:
+the transport ceiling and the streamed-input benchmark. The three-way comparison is bench/compare.py."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from bench import procs
-from bench.clients import GrpcClient, OpenAISSEClient
+from bench.clients import GrpcClient
 from bench.loadgen import run_concurrency, run_poisson
-from bench.peers import llama_server
 from bench.profile import Sampler
 from bench.prompts import PromptSource
 from bench.settings import Settings
@@ -27,7 +23,7 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-async def _warm(client, n: int) -> None:
+async def warm(client, n: int) -> None:
     # A burst as wide as the sweep's widest level: first-batch allocations happen here, not in a
     # row. Its prompts come from another seed, so the measured prompts are never cached.
     warm = PromptSource(48, seed=WARM_SEED)
@@ -39,7 +35,7 @@ async def _warm(client, n: int) -> None:
 
 async def sweep(client, prompts, s: Settings, levels: list[int], pids: list[int], label: str,
                 requests_at=None) -> list[dict]:
-    await _warm(client, max(levels))
+    await warm(client, max(levels))
     rows = []
     for c in levels:
         n = (requests_at or s.requests_at)(c)
@@ -68,46 +64,7 @@ class FixedPrompt:
         return self.text
 
 
-def mstar(s: Settings, prompts: PromptSource) -> dict:
-    """The full stack (Envoy + preprocess + generation, default model) via the project's Stack."""
-    from services.stack import Stack, StackConfig
-
-    config = StackConfig.with_free_ports(log_dir=OUT / "logs" / "mstar",
-                                         generation_args=["--threads", str(s.threads)])
-    log("starting mstar stack (default model)")
-    with Stack(config) as stack:
-        pids = [c.pid for c in stack.children.values()]
-        log(f"mstar ready in {stack.timings_s['ready']:.1f} s")
-
-        async def go() -> dict:
-            http = OpenAISSEClient(stack.http_url, concurrency=max(s.concurrency))
-            grpc_client = GrpcClient(stack.grpc_target)
-            out: dict = {}
-            try:
-                try:
-                    out["http"] = await sweep(http, prompts, s, s.concurrency, pids, "mstar http")
-                    primary = http
-                except RuntimeError as e:
-                    # The OpenAI surface is optional for the engine comparison: fall back to gRPC
-                    # at every level and say so in the report, rather than lose the run.
-                    log(f"mstar http unavailable ({e}); sweeping gRPC at every level instead")
-                    out["http_error"] = str(e)[:300]
-                    primary = grpc_client
-                levels = s.grpc_concurrency if "http" in out else sorted(set(s.concurrency + s.grpc_concurrency))
-                out["grpc"] = await sweep(grpc_client, prompts, s, levels, pids, "mstar grpc")
-                out["poisson"] = await poisson(primary, prompts, s, pids, f"mstar {primary.name}")
-                out["profile"] = await _profile(primary, prompts, s, stack)
-                return out
-            finally:
-                await http.aclose()
-                await grpc_client.aclose()
-
-        result = asyncio.run(go())
-        result["startup_s"] = stack.timings_s["ready"]
-        return result
-
-
-async def _profile(client, prompts, s: Settings, stack) -> dict:
+async def profile_mstar(client, prompts, s: Settings, stack) -> dict:
     """A separate c=16 run with py-spy attached to both services (the measured runs above had
     no sampler attached)."""
     c = max(s.concurrency)
@@ -118,42 +75,6 @@ async def _profile(client, prompts, s: Settings, stack) -> dict:
         await run_concurrency(client, prompts, c, c, s.max_tokens, [])
     loop = asyncio.get_running_loop()
     return {name: await loop.run_in_executor(None, sp.finish) for name, sp in samplers.items()}
-
-
-def llama(s: Settings, prompts: PromptSource, gguf: str) -> dict:
-    if not llama_server.available():
-        return {"skipped": "not built; run make bench-peers"}
-    log(f"starting llama-server ({llama_server.BINARY}) -t {s.threads} -np {s.slots}")
-    with llama_server.LlamaServer(gguf, threads=s.threads, slots=s.slots) as server:
-        async def go() -> dict:
-            client = OpenAISSEClient(server.base_url, concurrency=max(s.concurrency))
-            try:
-                out = {"http": await sweep(client, prompts, s, s.concurrency, [server.pid], "llama-server")}
-                if s.poisson_peers:
-                    out["poisson"] = await poisson(client, prompts, s, [server.pid], "llama-server")
-                return out
-            finally:
-                await client.aclose()
-
-        result = asyncio.run(go())
-    result["version"] = llama_server.version()
-    result["argv"] = " ".join(Path(a).name if a.endswith(".gguf") else a for a in server.argv[1:])
-    return result
-
-
-def hf(s: Settings) -> dict:
-    log(f"HF transformers generate, batches {s.hf_batches}")
-    argv = procs.python("bench.peers.hf_generate", "--batches", ",".join(map(str, s.hf_batches)),
-                        "--prompt-words", str(s.prompt_words), "--max-tokens", str(s.max_tokens),
-                        "--threads", str(s.threads))
-    out = subprocess.run(argv, cwd=procs.ROOT, capture_output=True, text=True, timeout=900)
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if out.returncode or line is None:
-        return {"skipped": f"failed (exit {out.returncode}): {out.stderr[-400:]}"}
-    result = json.loads(line[7:])
-    for row in result["rows"]:
-        log(f"hf batch={row['concurrency']}: {row['tok_s']:.1f} tok/s, TTFT {row['ttft_p50_ms']} ms")
-    return result
 
 
 def transport(s: Settings) -> dict:
@@ -178,7 +99,7 @@ def transport(s: Settings) -> dict:
         out["bare"] = asyncio.run(go_bare())
     finally:
         procs.stop(bare)
-    config = StackConfig.with_free_ports(null_engine=True, log_dir=OUT / "logs" / "null")
+    config = StackConfig.with_free_ports(null_engine=True, log_dir=OUT / "logs" / "null", ready_timeout_s=240.0)
     log("starting mstar stack with --null-engine")
     with Stack(config) as stack:
         pids = [c.pid for c in stack.children.values()]

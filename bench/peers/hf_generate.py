@@ -2,9 +2,10 @@
 weights (mstar's own GGUF loader's state dict in a transformers LlamaForCausalLM, logits
 identical to transformers' GGUF loader), the same prompts, tokens and thread count.
 
-Runs in its own process so its torch threads never share the load generator's loop:
-    python -m bench.peers.hf_generate --batches 1,4,16 --prompt-words 48 --max-tokens 64 --threads 2
-prints one JSON object with a row per batch size.
+Runs in its own process so its torch threads never share the load generator's loop. It is a
+worker: it loads once, prints READY, then answers one line per batch size on stdin with
+"RESULT {json}", so the bench can interleave it with the other systems level by level:
+    python -m bench.peers.hf_generate --prompt-words 48 --max-tokens 64 --threads 2
 
 Static batching: a batch's prompts are left-padded to the longest, every row decodes exactly
 max_tokens (ignore-eos), TTFT is the time of a 1-token generate of the same batch, and
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 
@@ -49,60 +51,114 @@ def batch_inputs(tokenizer, prompts: list[str], pad_id: int):
     return input_ids, mask, sum(map(len, ids))
 
 
-def run(batches: list[int], prompt_words: int, max_tokens: int, threads: int) -> dict:
-    import torch
+class Worker:
+    PAD = 2  # <|im_end|>, the model's pad token
 
-    from bench.prompts import make_prompts
-    from services.preprocess.model import load_model as load_spec
+    def __init__(self, prompt_words: int, max_tokens: int, threads: int) -> None:
+        from bench.prompts import PromptSource
+        from services.preprocess.model import load_model as load_spec
 
-    t0 = time.perf_counter()
-    model = load_model(threads)
-    tokenizer = load_spec("default").tokenizer
-    load_s = time.perf_counter() - t0
-    prompts = make_prompts(max(batches), prompt_words)
-    pad = 2  # <|im_end|>, the model's pad token
+        t0 = time.perf_counter()
+        self.model = load_model(threads)
+        self.tokenizer = load_spec("default").tokenizer
+        self.load_s = time.perf_counter() - t0
+        self.prompts = PromptSource(prompt_words)  # the same sequence the servers get
+        self.max_tokens, self.threads = max_tokens, threads
+        self._generate(*batch_inputs(self.tokenizer, ["Warm up."], self.PAD)[:2], 4)  # first-call allocations
 
-    def generate(input_ids, mask, n: int) -> float:
+    def _generate(self, input_ids, mask, n: int) -> float:
+        import torch
+
         start = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                                 do_sample=False, pad_token_id=pad, eos_token_id=None)
+            out = self.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                                      do_sample=False, pad_token_id=self.PAD, eos_token_id=None)
         assert out.shape[1] - input_ids.shape[1] == n
         return time.perf_counter() - start
 
-    generate(*batch_inputs(tokenizer, prompts[:1], pad)[:2], 4)  # warm-up: first-call allocations
-    rows = []
-    for b in batches:
-        input_ids, mask, prompt_tokens = batch_inputs(tokenizer, prompts[:b], pad)
-        ttft = generate(input_ids, mask, 1)
+    def batch(self, b: int) -> dict:
+        n = self.max_tokens
+        input_ids, mask, prompt_tokens = batch_inputs(self.tokenizer, [self.prompts.next() for _ in range(b)], self.PAD)
+        ttft = self._generate(input_ids, mask, 1)
         cpu0 = time.process_time()
-        total = generate(input_ids, mask, max_tokens)
+        total = self._generate(input_ids, mask, n)
         cpu = time.process_time() - cpu0
-        rows.append({
+        itl = round((total - ttft) / (n - 1) * 1e3, 2)
+        return {
             "mode": "batch", "concurrency": b, "requests": b, "errors": 0, "prompt_tokens": prompt_tokens,
-            "output_tokens": b * max_tokens, "wall_s": total, "tok_s": b * max_tokens / total,
+            "output_tokens": b * n, "wall_s": total, "tok_s": b * n / total,
             "ttft_p50_ms": round(ttft * 1e3, 2), "ttft_p99_ms": round(ttft * 1e3, 2),
-            "itl_p50_ms": round((total - ttft) / (max_tokens - 1) * 1e3, 2),
-            "itl_p99_ms": round((total - ttft) / (max_tokens - 1) * 1e3, 2),
-            "e2e_p50_ms": round(total * 1e3, 2), "e2e_p99_ms": round(total * 1e3, 2),
-            "server_cpu_s": cpu, "server_cpu_ms_per_token": 1e3 * cpu / (b * max_tokens),
-        })
-    import transformers
+            "itl_p50_ms": itl, "itl_p99_ms": itl, "e2e_p50_ms": round(total * 1e3, 2),
+            "e2e_p99_ms": round(total * 1e3, 2), "server_cpu_s": cpu, "server_cpu_ms_per_token": 1e3 * cpu / (b * n),
+        }
 
-    return {"peer": "hf_generate", "transformers": transformers.__version__, "torch": torch.__version__,
-            "threads": threads, "load_s": load_s, "rows": rows}
+    def info(self) -> dict:
+        import torch
+        import transformers
+
+        return {"transformers": transformers.__version__, "torch": torch.__version__, "threads": self.threads,
+                "load_s": self.load_s}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--batches", default="1,4,16")
     ap.add_argument("--prompt-words", type=int, default=48)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
-    result = run([int(x) for x in a.batches.split(",")], a.prompt_words, a.max_tokens, a.threads)
-    print("RESULT " + json.dumps(result), flush=True)
+    worker = Worker(a.prompt_words, a.max_tokens, a.threads)
+    print("READY " + json.dumps(worker.info()), flush=True)
+    for line in sys.stdin:
+        if line.strip():
+            print("RESULT " + json.dumps(worker.batch(int(line))), flush=True)
 
 
 if __name__ == "__main__":
     main()
+
+
+class HFProcess:
+    """The parent's handle on the worker: `start()`, `batch(b)` -> row, `stop()`."""
+
+    def __init__(self, prompt_words: int, max_tokens: int, threads: int) -> None:
+        self.argv = ["--prompt-words", str(prompt_words), "--max-tokens", str(max_tokens), "--threads", str(threads)]
+        self.proc = None
+        self.info: dict = {}
+
+    def start(self) -> HFProcess:
+        import subprocess
+
+        from bench import procs
+
+        procs.LOG_DIR.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(procs.python("bench.peers.hf_generate", *self.argv), cwd=procs.ROOT,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=open(procs.LOG_DIR / "hf.log", "wb"),  # noqa: SIM115
+                                     text=True, preexec_fn=procs._child_setup)
+        return self
+
+    def _read(self, tag: str) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith(tag + " "):
+                return json.loads(line[len(tag) + 1:])
+        raise RuntimeError(f"HF worker exited ({self.proc.wait()}); see bench/out/logs/hf.log")
+
+    def wait_ready(self) -> dict:
+        self.info = self._read("READY")
+        return self.info
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def batch(self, b: int) -> dict:
+        self.proc.stdin.write(f"{b}\n")
+        self.proc.stdin.flush()
+        return self._read("RESULT")
+
+    def stop(self) -> None:
+        from bench import procs
+
+        if self.proc is not None:
+            self.proc.stdin.close()
+            procs.stop(self.proc)
