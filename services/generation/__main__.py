@@ -16,6 +16,7 @@ from mstar.v1 import generation_service_pb2_grpc as gen_grpc
 
 from services.common import errors
 from services.common.logs import setup_logging
+from services.common.metrics import GenerationMetrics, start_metrics_server
 from services.common.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer
 from services.generation.engine import Engine, EngineConfig, SamplingParams
 from services.generation.faults import install_from_env
@@ -42,6 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--null-engine", action="store_true", help="no model: fixed fake tokens (transport benchmarks)")
     p.add_argument("--null-step-ms", type=float, default=0.0, help="step time of the null engine")
     p.add_argument("--watchdog-s", type=float, default=120.0, help="fail all if a step makes no progress this long")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0 = any); off if unset")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -83,7 +85,15 @@ async def serve(args) -> None:
         loop.call_soon_threadsafe(lambda: asyncio.ensure_future(server.set_serving(False)))
 
     # The warm-up request's key names no stream, so the servicer drops its outputs.
-    engine = Engine(runner, config, servicer.on_step, on_dead)
+    metrics = GenerationMetrics()
+    if args.metrics_port is not None:
+        log.info("metrics", extra={"port": start_metrics_server(args.host, args.metrics_port, metrics.registry)})
+
+    def on_step(out) -> None:  # engine thread: metrics first (thread-safe), then the streams
+        metrics.on_engine_output(out, engine)
+        servicer.on_step(out)
+
+    engine = Engine(runner, config, on_step, on_dead)
     servicer.attach(engine, loop)
     engine.start()
     await asyncio.to_thread(warm_up, engine)
