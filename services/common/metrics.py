@@ -283,9 +283,10 @@ class PreprocessMetrics:
         finish_reason / prompt_tokens / completion_tokens / timings_ms; Failed has `error` (an
         MstarError). A stream closed before its terminal event (client gone) counts as cancelled."""
         clock = self.on_request_started(rpc)
-        end: dict[str, Any] = {"finish_reason": "cancelled", "status": "CANCELLED"}
+        done = False
         try:
             async for event in events:
+                end = None
                 if hasattr(event, "token_ids") and not hasattr(event, "finish_reason"):
                     clock.on_tokens(len(event.token_ids))
                 elif hasattr(event, "finish_reason") and hasattr(event, "completion_tokens"):
@@ -293,9 +294,15 @@ class PreprocessMetrics:
                            "completion_tokens": event.completion_tokens, "timings": dict(event.timings_ms)}
                 elif hasattr(event, "error") and hasattr(event.error, "code"):
                     end = {"finish_reason": "error", "status": event.error.code.name}
+                if end is not None and not done:
+                    # Recorded before the terminal event is handed on: a caller that returns on
+                    # it (unary Generate) may never resume this generator.
+                    done = True
+                    self.on_request_done(request_id, clock, rpc=rpc, **end)
                 yield event
         finally:
-            self.on_request_done(request_id, clock, rpc=rpc, **end)
+            if not done:
+                self.on_request_done(request_id, clock, rpc=rpc, finish_reason="cancelled", status="CANCELLED")
 
     def on_conductor_status(self, status: Any) -> None:
         """Export a ConductorStatus protobuf pushed by the generation service."""

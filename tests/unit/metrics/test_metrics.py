@@ -192,3 +192,25 @@ def test_observe_wraps_a_request_event_stream():
     assert value(m, "mstar_preprocess_requests_in_flight", {"rpc": "Session"}) == 0
     assert value(m, "mstar_preprocess_itl_seconds_count") == 1  # only the first request had two chunks
     assert value(m, "mstar_preprocess_completion_tokens_total") == 3 + 2 + 2
+
+
+def test_observe_records_the_terminal_event_before_handing_it_on():
+    import asyncio
+
+    done = SimpleNamespace(finish_reason="stop", prompt_tokens=1, completion_tokens=0, timings_ms={})
+    m = PreprocessMetrics()
+
+    async def events():
+        yield done
+
+    async def unary():  # returns on the terminal event and never resumes the generator
+        gen = m.observe(events(), "u", rpc="Generate")
+        async for e in gen:
+            assert value(m, "mstar_preprocess_requests_total",
+                         {"rpc": "Generate", "finish_reason": "stop", "status": "OK"}) == 1
+            assert value(m, "mstar_preprocess_requests_in_flight", {"rpc": "Generate"}) == 0
+            return e
+
+    assert asyncio.run(unary()) is done
+    assert value(m, "mstar_preprocess_requests_total",
+                 {"rpc": "Generate", "finish_reason": "cancelled", "status": "CANCELLED"}) is None
