@@ -3,27 +3,29 @@
 Each child gets its own session (so Ctrl-C in the terminal reaches only the launcher, which then
 stops children in order) and PR_SET_PDEATHSIG=SIGKILL (so if the launcher dies without cleaning
 up, e.g. SIGKILL, the kernel kills the children: no orphans holding ports).
+
+The death signal is set by exec'ing through util-linux `setpriv --pdeathsig KILL` rather than by
+a Python preexec_fn: a preexec_fn forces a plain fork(), and in a launcher that already runs gRPC
+(the test suites) gRPC's fork handlers restarted its poller in the child, which then aborted on
+the descriptors close_fds had closed (Envoy "exited -6", found by tests/reliability). Without a
+preexec_fn, subprocess uses vfork/posix_spawn and no fork handler runs. The death signal survives
+the exec into the real program, so the child's pid is still the program's own.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-PR_SET_PDEATHSIG = 1
 
-
-def _child_setup() -> None:  # runs in the child between fork and exec
-    os.setsid()
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass  # not Linux: process groups still make stop() reliable
+def _with_death_signal(argv: list[str]) -> list[str]:
+    setpriv = shutil.which("setpriv")
+    # Not Linux / no util-linux: process groups still make stop() reliable.
+    return [setpriv, "--pdeathsig", "KILL", "--", *argv] if setpriv else list(argv)
 
 
 class Child:
@@ -34,8 +36,8 @@ class Child:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the child
         self.proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})}, preexec_fn=_child_setup, close_fds=True,
+            _with_death_signal(argv), stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})}, start_new_session=True, close_fds=True,
         )
 
     @property
