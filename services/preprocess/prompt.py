@@ -17,6 +17,7 @@ tail (end of message, assistant header) is added when the input ends.
 from __future__ import annotations
 
 from services.common.errors import invalid_argument
+from services.preprocess.chat_template import ChatTemplateError
 from services.preprocess.limits import check_token_ids
 from services.preprocess.media import FileReader
 from services.preprocess.model import ModelSpec
@@ -55,11 +56,17 @@ class PromptBuilder:
             template = self._model.chat_template
             if template is None:
                 raise invalid_argument("input.messages", "this model has no chat template; send text")
-            if TEXT in self._open:
-                head, self._tail = template.render_open(list(spec.messages))
-                committed += self._add_text(head, "input.messages")
-            else:
-                committed += self._add_text(template.render(list(spec.messages)), "input.messages")
+            try:
+                if TEXT in self._open:
+                    head, self._tail = template.render_open(list(spec.messages))
+                    rendered = head
+                else:
+                    rendered = template.render(list(spec.messages))
+            except ChatTemplateError as exc:
+                # A bad role or an unrenderable conversation is the client's mistake: 400, not
+                # the 500 it escaped as before (found by tests/reliability/test_fuzz.py).
+                raise invalid_argument("input.messages", str(exc), reason="INVALID_MESSAGES") from exc
+            committed += self._add_text(rendered, "input.messages")
         elif spec.text:
             committed += self._add_text(spec.text, "input.text")
         elif not spec.parts and not self._open:
