@@ -36,7 +36,10 @@ class Recorder:
 
 def _handlers(recorder: Recorder) -> grpc.GenericRpcHandler:
     async def list_models(request, context):
-        recorder.metadata.append({k: v for k, v in context.invocation_metadata()})
+        seen = {k: v for k, v in context.invocation_metadata()}
+        recorder.metadata.append(seen)
+        if seen.get("x-test-fail") == "unavailable":  # R28: a failure Envoy must not replay
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "stand-in says unavailable")
         return api.ListModelsResponse(object="list")
 
     async def generate_stream(request, context):

@@ -54,7 +54,7 @@ async def _fails_fast(rig, budget_s: float = 2.0) -> None:
 
 
 def test_r06_forward_raises_fails_everything_and_reports_not_serving(make_rig, figures):
-    rig = make_rig(faults="forward_raise_at_step=20", generation_args=NULL_STEP)
+    rig = make_rig(faults="forward_raise_at_step=1", generation_args=NULL_STEP)
 
     async def scenario():
         async with grpc.aio.insecure_channel(rig.grpc) as channel:
@@ -117,7 +117,7 @@ def test_r07_sigkill_generation_fails_inflight_fast_then_recovers(make_rig, figu
 
 
 def test_r08_hung_step_watchdog_fails_pending_and_health(make_rig, figures):
-    rig = make_rig(faults="stall_step_at=10:120", generation_args=(*NULL_STEP, "--watchdog-s", "1.5"))
+    rig = make_rig(faults="stall_step_at=1:120", generation_args=(*NULL_STEP, "--watchdog-s", "1.5"))
 
     async def scenario():
         async with grpc.aio.insecure_channel(rig.grpc) as channel:

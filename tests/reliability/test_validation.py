@@ -144,7 +144,7 @@ def test_r12_malformed_bodies_get_400(rig, client, content, ctype):
     b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64,  # a TLS ClientHello
     b"POST /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n",
     b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"X-A: b\r\n" * 200 + b"\r\n",
-])
+], ids=["garbage", "http-9.9", "negative-length", "chunked-and-length", "tls-hello", "70kb-url", "200-headers"])
 def test_r12_raw_request_lines_refused_and_envoy_survives(rig, request_line):
     with socket.create_connection(("127.0.0.1", rig.stack.config.http_port), timeout=5) as s:
         s.sendall(request_line)
@@ -187,3 +187,17 @@ def _json_with_nan(obj: dict) -> bytes:
     import json
 
     return json.dumps(obj).encode()  # Python writes NaN/Infinity literals: invalid JSON on purpose
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "", "content": "hi"}],
+    [{"role": "wizard", "content": "hi"}],
+    [{"content": "no role at all"}],
+])
+def test_r10_bad_chat_roles_are_400_not_500(rig, client, messages):
+    """Found by the fuzz test: an unknown role escaped as a 500 (UNKNOWN) from the template."""
+    with engine_untouched(rig):
+        body = {"messages": messages, "model_kwargs": {"sampling": {"max_tokens": 2}}}
+        _assert_400(client.post("/v1/generate", json=body), "role")
+        chat = {"model": "default", "messages": messages, "max_tokens": 2}
+        _assert_400(client.post("/v1/chat/completions", json=chat), "role")

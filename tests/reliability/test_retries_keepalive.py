@@ -1,0 +1,44 @@
+"""R28–R29: nothing is retried behind the client's back, and a long silent prefill is kept alive
+by heartbeats instead of being killed by an idle timeout."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import yaml
+
+from deploy.envoy.render import VARIANTS, render
+from tests.reliability import probe
+from tests.reliability.edge import edge
+
+pytestmark = pytest.mark.reliability
+
+
+def test_r28_envoy_never_retries(tmp_path):
+    """No retry policy anywhere in the config, and an UNAVAILABLE reaches the upstream exactly
+    once: the client alone decides (the contract's retry rules) whether a retry is safe."""
+    assert "retry_policy" not in yaml.safe_load(render(VARIANTS["local"])).__repr__()
+    with edge(tmp_path) as e, httpx.Client(base_url=e.http_url) as c:
+        reply = c.get("/v1/models", headers={"x-test-fail": "unavailable"})
+        assert reply.status_code == 503, reply.text
+        assert len(e.recorder.metadata) == 1, f"Envoy replayed the request {len(e.recorder.metadata)} times"
+
+
+@pytest.mark.slow
+def test_r29_silent_prefill_survives_short_idle_timeout(make_rig):
+    """Envoy's stream idle timeout at 3 s, a prefill of 8 chunked steps at 1 s each (no tokens
+    for ~8 s): KeepAlive frames every 2 s keep the SSE stream alive to completion, and health
+    stays SERVING throughout."""
+    rig = make_rig(generation_args=("--null-step-ms", "1000"), envoy_overrides={"stream_idle_timeout": "3s"})
+    body = {"prompt_parts": [{"modality": "MODALITY_TOKENS", "token_ids": {"ids": [100] * 4000}}],
+            "model_kwargs": {"sampling": {"max_tokens": 2}}}
+    kinds = []
+    with httpx.Client(base_url=rig.http, timeout=60) as c, c.stream("POST", "/v1/generate_stream", json=body) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                kinds.append(line[len('data: {"'):].split('"', 1)[0])
+            assert rig.run(probe.health(rig.generation)) == probe.SERVING
+    assert "keep_alive" in kinds and kinds[-1] == "complete", kinds
+    assert kinds.count("chunk") >= 1
+    rig.check_recovered(timeout_s=30)
