@@ -30,6 +30,11 @@ def _tok(node: dict | None, key: str, c: int) -> float | None:
     return r["tok_s"] if r and not r.get("errors") else None
 
 
+def _rounds(node: dict | None, key: str, c: int) -> str:
+    r = _row_at((node or {}).get(key), c)
+    return ", ".join(f"{x:.0f}" for x in r.get("rounds_tok_s", [r["tok_s"]])) if r else "–"
+
+
 def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}×" if a and b else "–"
 
@@ -54,7 +59,8 @@ def render(res: dict, plots: list[str]) -> str:
         f"llama.cpp `-t/-tb`). Closed loop: N workers each send requests back to back "
         f"(2 per worker, 3 at N=1); tok/s = all output tokens / wall time of the level. All three systems are up "
         f"at once and measured in turns at each level, {s.get('rounds', 1)} rounds; each cell is that system's "
-        "median round (every round's tok/s is in the JSON), so a ratio compares measurements minutes apart at most. "
+        "best round (interference only slows a run down; every round is in the JSON and in the table below), so a "
+        "ratio compares measurements minutes apart at most. "
         "No prompt is sent twice to a system (no prefix-cache help).",
         "",
         "Systems: **mstar** = Envoy + preprocess + generation (`services.stack.Stack`, fp32 torch on CPU), "
@@ -65,12 +71,14 @@ def render(res: dict, plots: list[str]) -> str:
         "",
         "## Throughput (output tokens/s) and ratios",
         "",
-        "| streams | mstar HTTP | mstar gRPC | llama-server | HF generate | mstar / HF | mstar / llama-server |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| streams | mstar HTTP | mstar gRPC | llama-server | HF generate | mstar / HF | mstar / llama-server | "
+        "all rounds (mstar / llama-server / HF) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for c in levels:
         mh, mg, lv, hv = _tok(m, _primary(m), c), _tok(m, "grpc", c), _tok(ll, "http", c), _tok(hf, "rows", c)
-        out.append(f"| {c} | {_f(mh)} | {_f(mg)} | {_f(lv)} | {_f(hv)} | {_ratio(mh, hv)} | {_ratio(mh, lv)} |")
+        rounds = " / ".join(_rounds(node, key, c) for node, key in ((m, _primary(m)), (ll, "http"), (hf, "rows")))
+        out.append(f"| {c} | {_f(mh)} | {_f(mg)} | {_f(lv)} | {_f(hv)} | {_ratio(mh, hv)} | {_ratio(mh, lv)} | {rounds} |")
     if m.get("http_error"):
         out += ["", f"mstar over HTTP failed in this run ({m['http_error'][:160]}); the ratios use mstar over gRPC "
                 "through Envoy instead."]

@@ -22,7 +22,7 @@ class Settings:
     transport_tokens: int = 512
     streamed_input_trials: int = 1
     profile_s: float = 12.0
-    rounds: int = 2  # the comparison's turns; each system's median over rounds is reported
+    rounds: int = 2  # the comparison's turns; each system's best round is reported
 
     def requests_at(self, concurrency: int) -> int:
         # Two rounds per worker (three at 1): enough for p50s without blowing the time budget.
