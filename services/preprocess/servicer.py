@@ -80,6 +80,13 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         self._watch(context, started)
         try:
             spec = wire.request_spec(request.input)
+            if spec.open_inputs and not request.input.request_id:
+                # Unary Generate never reveals a server-assigned id, so nobody could Append to
+                # it: the request would hold an admission slot until Envoy's idle timeout
+                # (found by tests/reliability/test_fuzz.py). Streamed input needs a chosen id.
+                raise errors.invalid_argument(
+                    "input.request_id", "streamed input (input_modalities) on Generate needs a client-chosen "
+                    "request_id to Append to; or use GenerateStream / Session")
             run, _ = self._begin(spec, InputBudget(self._deps.limits))
             started.append(run)
             text, token_ids, logprobs = [], [], []
