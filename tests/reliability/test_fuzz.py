@@ -81,6 +81,10 @@ PATHS = ["/v1/generate", "/v1/generate_stream", "/v1/chat/completions", "/v1/com
 
 
 def _body(draw_json) -> bytes:
+    if isinstance(draw_json, dict) and isinstance(draw_json.get("input_modalities"), list):
+        # An input stream left open legitimately waits for appends (the fuzzer sends none);
+        # closing it keeps every example bounded. Unary + open input has its own test (R24).
+        draw_json = {**draw_json, "ends": draw_json["input_modalities"]}
     try:
         return json.dumps(draw_json, allow_nan=True).encode()
     except (ValueError, OverflowError):
@@ -97,6 +101,8 @@ def _check_http(reply: httpx.Response, path: str) -> None:
     assert reply.status_code < 500, (path, reply.status_code, reply.text[:300])
     if reply.status_code == 200 and "text/event-stream" in reply.headers.get("content-type", ""):
         frames = [line for line in reply.text.splitlines() if line.startswith("data:")]
+        if path == "/v1/session" and not frames:
+            return  # an empty session (`[]`) legitimately ends OK with no events
         assert frames, reply.text[:300]
         terminal = [f for f in frames if '"complete"' in f or '"failed"' in f or '"error"' in f
                     or f == "data: [DONE]" or '"finish_reason":"' in f.replace(" ", "")]

@@ -201,3 +201,11 @@ def test_r10_bad_chat_roles_are_400_not_500(rig, client, messages):
         _assert_400(client.post("/v1/generate", json=body), "role")
         chat = {"model": "default", "messages": messages, "max_tokens": 2}
         _assert_400(client.post("/v1/chat/completions", json=chat), "role")
+
+
+def test_r24_unary_generate_with_open_input_needs_an_id(rig, client):
+    """Found by the fuzz test: a unary Generate with an open input and a server-assigned id could
+    never be appended to, and held its admission slot until Envoy's idle timeout (300 s)."""
+    with engine_untouched(rig):
+        reply = client.post("/v1/generate", json={"text": "hi", "input_modalities": ["MODALITY_TEXT"]}, timeout=10)
+        _assert_400(reply, "request_id")
