@@ -69,7 +69,7 @@ COMMITTED = {"compose": HERE / "envoy.compose.yaml", "k8s": ROOT / "deploy" / "k
 
 # HTTP status of an Envoy local reply → the gRPC code a transcoded error with that status carries
 # (the inverse of services/common/errors.py HTTP_STATUS), so both error sources share one shape.
-LOCAL_REPLY_GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 408: 4, 413: 8, 429: 8, 431: 8, 499: 1, 500: 13,
+LOCAL_REPLY_GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 408: 4, 413: 8, 415: 3, 429: 8, 431: 8, 499: 1, 500: 13,
                           501: 12, 502: 14, 503: 14, 504: 4}
 
 

@@ -45,7 +45,8 @@ def test_streaming_routes_have_no_route_timeout_but_idle_and_duration_bounds():
     config = yaml.safe_load(render.render(render.VARIANTS["local"]))
     hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     assert hcm["request_headers_timeout"] and hcm["stream_idle_timeout"]
-    routes = {r["match"].get("path"): r["route"] for r in hcm["route_config"]["virtual_hosts"][0]["routes"]}
+    routes = {r["match"].get("path"): r["route"] for r in hcm["route_config"]["virtual_hosts"][0]["routes"]
+              if "route" in r}  # direct responses (the 415 for non-JSON bodies) forward nothing
     for path in ("/v1/chat/completions", "/v1/completions", "/v1/generate_stream", "/v1/generate", "/v1/session"):
         assert routes[path]["timeout"] == "0s"
         assert routes[path]["idle_timeout"] and routes[path]["max_stream_duration"]["max_stream_duration"]
