@@ -127,13 +127,15 @@ def test_r11_ten_thousand_stop_strings_of_10kb_refused_at_the_edge(rig, client):
     (b'{"text": "\xff\xfe"}', "application/json"),
     (b'{"text": 5}', "application/json"),
     (b'{"model_kwargs": {"sampling": {"temperature": "hot"}}}', "application/json"),
+    (b"\x00\x01\x02binary", "application/json"),
     (b"\x00\x01\x02binary", "application/octet-stream"),
 ])
 def test_r12_malformed_bodies_get_400(rig, client, content, ctype):
     with engine_untouched(rig):
         for path in ("/v1/generate", "/v1/generate_stream", "/v1/chat/completions"):
             reply = client.post(path, content=content, headers={"content-type": ctype})
-            assert reply.status_code == 400, (path, content, reply.status_code, reply.text[:200])
+            want = 415 if ctype != "application/json" else 400  # a non-JSON type: refused at the edge
+            assert reply.status_code == want, (path, content, reply.status_code, reply.text[:200])
 
 
 @pytest.mark.parametrize("request_line", [
@@ -209,3 +211,19 @@ def test_r24_unary_generate_with_open_input_needs_an_id(rig, client):
     with engine_untouched(rig):
         reply = client.post("/v1/generate", json={"text": "hi", "input_modalities": ["MODALITY_TEXT"]}, timeout=10)
         _assert_400(reply, "request_id")
+
+
+@pytest.mark.parametrize("ctype,status", [
+    ("text/plain", 415), ("application/x-www-form-urlencoded", 415), ("application/xml", 415),
+    ("application/json", 200), ("application/json; charset=utf-8", 200), (None, 200),
+])
+def test_r12_declared_content_type_is_enforced(client, ctype, status):
+    """A JSON body declared as something else is refused at the edge (the transcoder alone would
+    parse it anyway); no Content-Type at all stays accepted (curl -X POST without a body)."""
+    body = b'{"text": "hi", "model_kwargs": {"sampling": {"max_tokens": 2}}}'
+    for path in ("/v1/generate", "/v1/chat/completions"):
+        headers = {"content-type": ctype} if ctype else {}
+        reply = client.post(path, content=body if path == "/v1/generate" else
+                            b'{"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}',
+                            headers=headers)
+        assert reply.status_code == status, (path, ctype, reply.status_code, reply.text[:200])
