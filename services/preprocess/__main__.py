@@ -15,6 +15,7 @@ from pathlib import Path
 from mstar.v1 import inference_service_pb2_grpc as api_grpc
 
 from services.common.logs import setup_logging
+from services.common.metrics import PreprocessMetrics, start_metrics_server
 from services.common.server import GrpcServer
 from services.preprocess.admission import Admission
 from services.preprocess.backend import GenerationBackend
@@ -44,6 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-file-bytes", type=int, default=4 * 1024 * 1024)
     p.add_argument("--keepalive-s", type=float, default=2.0, help="KeepAlive period while waiting")
     p.add_argument("--grace-s", type=float, default=20.0, help="SIGTERM drain period")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0 = any); off if unset")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -57,8 +59,13 @@ async def serve(args: argparse.Namespace) -> None:
         max_file_bytes=args.max_file_bytes,
     )
     server = GrpcServer(args.host, args.port)
+    metrics = PreprocessMetrics()
+    if args.metrics_port is not None:
+        log.info("metrics", extra={"port": start_metrics_server(args.host, args.metrics_port, metrics.registry)})
     backend = GenerationBackend(
-        args.generation, on_health=lambda ok: asyncio.ensure_future(server.set_serving(ok))
+        args.generation, on_health=lambda ok: asyncio.ensure_future(server.set_serving(ok)),
+        # The conductor's snapshots feed mstar_conductor_* only when someone can scrape them.
+        on_status=metrics.on_conductor_status, status_interval_ms=1000 if args.metrics_port is not None else 0,
     )
     deps = Deps(
         model=model,
@@ -68,7 +75,7 @@ async def serve(args: argparse.Namespace) -> None:
         files=FileReader(args.file_root, args.max_file_bytes),
         keepalive_s=args.keepalive_s,
     )
-    servicer = InferenceServicer(deps)
+    servicer = InferenceServicer(deps, metrics)
     server.add(api_grpc.add_InferenceServiceServicer_to_server, servicer, "mstar.v1.InferenceService")
     port = await server.start()
     backend.start()

@@ -135,12 +135,16 @@ class GenerationBackend:
         connect_timeout_s: float = 2.0,
         max_backoff_s: float = 2.0,
         on_health: Callable[[bool], None] | None = None,
+        on_status: Callable[[pb.ConductorStatus], None] | None = None,
+        status_interval_ms: int = 0,
     ) -> None:
         self.target = target
         self._queue_size = queue_size
         self._connect_timeout_s = connect_timeout_s
         self._max_backoff_s = max_backoff_s
         self._on_health = on_health
+        self._on_status = on_status
+        self._status_metadata = (("mstar-status-interval-ms", str(status_interval_ms)),) if status_interval_ms else None
         self._requests: dict[str, BackendRequest] = {}
         self._outbox: asyncio.Queue[pb.Envelope | None] | None = None
         self._counter = itertools.count()
@@ -216,7 +220,7 @@ class GenerationBackend:
                     raise ConnectionError("generation backend is not serving yet")
                 outbox: asyncio.Queue[pb.Envelope | None] = asyncio.Queue()
                 self._outbox = outbox
-                call = gen_grpc.GenerationServiceStub(channel).Stream(_frames(outbox))
+                call = gen_grpc.GenerationServiceStub(channel).Stream(_frames(outbox), metadata=self._status_metadata)
                 watch = asyncio.create_task(self._watch(health))
                 self._set_health(True)
                 self.connected.set()
@@ -262,6 +266,9 @@ class GenerationBackend:
                 request = self._requests.pop(done.request_id, None)
                 if request is not None:
                     request.deliver(_finished(done))
+            elif kind == "conductor_status":
+                if self._on_status is not None:
+                    self._on_status(envelope.conductor_status)
             elif kind == "request_failed":
                 failed = envelope.request_failed
                 request = self._requests.pop(failed.request_id, None)

@@ -20,6 +20,7 @@ from mstar.v1 import inference_service_pb2_grpc as api_grpc
 
 from services.common import errors
 from services.common.errors import MstarError, already_exists, not_found, unavailable
+from services.common.metrics import PreprocessMetrics, timing_metadata
 from services.preprocess import wire
 from services.preprocess.openai.routes import OpenAIRoutes
 from services.preprocess.request import Chunk, Complete, Failed
@@ -31,8 +32,9 @@ _SESSION_OUTBOX = 256  # events buffered per session before requests feel backpr
 
 
 class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
-    def __init__(self, deps: Deps) -> None:
+    def __init__(self, deps: Deps, metrics: PreprocessMetrics | None = None) -> None:
         self._deps = deps
+        self.metrics = metrics or PreprocessMetrics()  # unserved unless __main__ passes a served one
         self._runs: dict[str, RequestRun] = {}
         self._created = int(time.time())
         self.draining = False
@@ -55,6 +57,10 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         run = RequestRun(spec, self._deps, budget)
         try:
             accepted = run.start()
+        except MstarError as err:
+            self.metrics.on_admission_rejected(err.reason)
+            run.close()
+            raise
         except BaseException:
             run.close()
             raise
@@ -90,7 +96,7 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
             run, _ = self._begin(spec, InputBudget(self._deps.limits))
             started.append(run)
             text, token_ids, logprobs = [], [], []
-            async for event in run.events():
+            async for event in self.metrics.observe(run.events(), run.request_id, "Generate"):
                 if isinstance(event, Chunk):
                     text.append(event.text)
                     token_ids += event.token_ids
@@ -98,13 +104,15 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
                 elif isinstance(event, Failed):
                     raise event.error
                 elif isinstance(event, Complete):
+                    complete = wire.complete(event)
+                    await context.send_initial_metadata(timing_metadata(complete))  # x-mstar-* headers via Envoy
                     return api.GenerateResponse(
                         request_id=run.request_id,
                         client_request_id=spec.client_request_id,
                         text="".join(text),
                         token_ids=token_ids,
                         logprobs=wire._logprobs(logprobs),
-                        complete=wire.complete(event),
+                        complete=complete,
                     )
             raise errors.internal("request ended without a terminal event")
         except MstarError as err:
@@ -125,7 +133,7 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
                 await errors.abort(context, err)  # before any message: a real status
                 return
             yield wire.stream_event(accepted)
-            async for event in run.events():
+            async for event in self.metrics.observe(run.events(), run.request_id, "GenerateStream"):
                 yield wire.stream_event(event)
         finally:
             for run in started:
@@ -140,7 +148,7 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
 
         async def pump(run: RequestRun) -> None:
             try:
-                async for event in run.events():
+                async for event in self.metrics.observe(run.events(), run.request_id, "Session"):
                     await outbox.put(event)
             finally:
                 self._end(run)
