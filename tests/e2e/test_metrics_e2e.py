@@ -118,3 +118,13 @@ def test_one_json_log_line_per_request(metered):
              if ln.startswith("{") and '"request done"' in ln]
     assert len(lines) >= HTTP_REQUESTS + GRPC_REQUESTS
     assert all(ln["request_id"] and ln["finish_reason"] for ln in lines)
+
+
+def test_unary_http_carries_timing_headers(metered):
+    stack, _gen_url, _pre_url = metered
+    body = {"text": "Count: one two", "modelKwargs": {"sampling": {"maxTokens": 3, "temperature": 0}}}
+    r = httpx.post(stack.http_url + "/v1/generate", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert float(r.headers["x-mstar-e2e-ms"]) > 0
+    assert int(r.headers["x-mstar-completion-tokens"]) == 3
+    assert "x-mstar-time-to-first-token-ms" in r.headers
