@@ -156,6 +156,10 @@ def _transport(t: dict, plots: list[str]) -> list[str]:
                    f"{_f(st and st.get('server_cpu_ms_per_token'), 3)} | {_f(b['itl_p50_ms'], 2)} / "
                    f"{_f(st and st['itl_p50_ms'], 2)} |")
     pcts = [st["tok_s"] / b["tok_s"] for b in t.get("bare") or [] if (st := _row_at(t.get("stack"), b["concurrency"]))]
+    peaks = [max((r["tok_s"] for r in t.get(k) or []), default=0) for k in ("bare", "stack")]
+    if all(peaks):
+        out += ["", f"Peak vs peak: the stack's best level moved {100 * peaks[1] / peaks[0]:.0f} % of the bare "
+                f"server's best ({peaks[1]:,.0f} vs {peaks[0]:,.0f} tok/s)."]
     if pcts:
         worst = min(pcts)
         out += ["", f"Goal ≥{100 * TARGET_TRANSPORT:.0f} % of the ceiling at every level: "
