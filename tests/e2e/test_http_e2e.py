@@ -63,6 +63,10 @@ def test_chat_stream_and_non_stream(stack):
     usage = chunks[-1]["usage"]  # cached_tokens may differ: the second call hits the prefix cache
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (
         resp["usage"]["prompt_tokens"], resp["usage"]["completion_tokens"])
+    # The usage extension carries the generation service's timing breakdown.
+    timings = resp["usage"]["mstar_timings"][0]
+    assert timings["e2e_ms"] >= timings["time_to_first_token_ms"] > 0
+    assert float(whole.headers["x-mstar-e2e-ms"]) > 0  # and as headers on the non-streamed reply
 
 
 def test_errors_are_json_with_the_right_status(stack):

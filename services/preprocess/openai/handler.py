@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from google.api import httpbody_pb2
 
 from services.common import errors
+from services.common.metrics import timing_dict, timing_metadata
 from services.preprocess.openai import render
 from services.preprocess.openai.convert import preprocess_input, token_logprobs
 from services.preprocess.openai.fanout import Run, merged
@@ -45,6 +46,7 @@ class Choice:
     cached_tokens: int = 0
     completion_tokens: int = 0
     finish: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)  # RequestComplete.timings, in ms
 
 
 async def chat_completions(
@@ -89,6 +91,10 @@ async def _serve(
                 return
             if stream.failure is not None:
                 return
+        if not req.stream and stream.first_complete is not None:
+            # A non-streamed reply is one body at the end: its timing breakdown can go first, as
+            # headers (Envoy passes initial metadata through as x-mstar-* response headers).
+            await context.send_initial_metadata(timing_metadata(stream.first_complete))
         for frame in stream.on_end():
             yield frame
     except errors.MstarError as err:  # raised by `run` instead of aborting itself
@@ -117,6 +123,7 @@ class _Stream:
         self.prefix = prefix or ("chatcmpl-" if req.kind == CHAT else "cmpl-")
         self.started = False
         self.failure: errors.MstarError | None = None
+        self.first_complete = None  # choice 0's RequestComplete (timings for headers)
 
     def _body(self, data: bytes) -> httpbody_pb2.HttpBody:
         self.started = True
@@ -163,6 +170,9 @@ class _Stream:
         choice.prompt_tokens = u.prompt_tokens or choice.prompt_tokens
         choice.cached_tokens = u.cached_prompt_tokens
         choice.completion_tokens = u.completion_tokens
+        choice.timings = timing_dict(complete)
+        if index == 0:
+            self.first_complete = complete
         if not self.req.stream:
             return []
         first = not choice.sent_first
@@ -179,9 +189,12 @@ class _Stream:
 
     def _usage(self) -> dict:
         first = self.choices[0]
-        return render.usage(
+        usage = render.usage(
             first.prompt_tokens, sum(c.completion_tokens for c in self.choices), first.cached_tokens
         )
+        # mstar's extension: where the time went (queue, prefill, ttft, decode, e2e; ms), per choice.
+        usage["mstar_timings"] = [c.timings for c in self.choices]
+        return usage
 
     def on_end(self) -> list[httpbody_pb2.HttpBody]:
         if self.req.stream:

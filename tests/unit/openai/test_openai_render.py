@@ -23,6 +23,10 @@ class Aborted(Exception):
 class FakeContext:
     def __init__(self):
         self.status = None
+        self.initial_metadata = None
+
+    async def send_initial_metadata(self, metadata):
+        self.initial_metadata = dict(metadata)
 
     async def abort_with_status(self, status):
         self.status = status
@@ -86,8 +90,11 @@ def test_chat_stream_chunks_usage_done_and_keepalive():
     assert chunks[1]["choices"][0]["delta"] == {"content": "lo"}
     assert chunks[2]["choices"][0]["finish_reason"] == "stop"
     assert all(c["usage"] is None for c in chunks[:-1]) and chunks[0]["id"] == "chatcmpl-r1"
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {
+    usage = chunks[-1]["usage"]
+    timings = usage.pop("mstar_timings")
+    assert chunks[-1]["choices"] == [] and usage == {
         "prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6, "prompt_tokens_details": {"cached_tokens": 1}}
+    assert len(timings) == 1 and set(timings[0]) >= {"queue_ms", "time_to_first_token_ms", "e2e_ms"}
     assert chunks[0]["model"] == "served" and chunks[0]["object"] == "chat.completion.chunk"
     assert seen["closed"] == 1
 
