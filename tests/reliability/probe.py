@@ -98,6 +98,19 @@ async def canary(api_addr: str, timeout_s: float = 60.0) -> api.GenerateResponse
     return reply
 
 
+async def wait_canary(api_addr: str, timeout_s: float = 20.0) -> float:
+    """Seconds until a canary request succeeds (retrying UNAVAILABLE only), bounded."""
+    start = time.monotonic()
+    while True:
+        try:
+            await canary(api_addr, timeout_s=10)
+            return time.monotonic() - start
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() - start > timeout_s:
+                raise
+        await asyncio.sleep(0.1)
+
+
 @dataclass
 class StreamRecord:
     """What one GenerateStream/Session request saw: events in order and how the call ended."""
@@ -195,19 +208,3 @@ async def wait_running(gen_addr: str, n: int = 1, timeout_s: float = 10.0) -> di
         await asyncio.sleep(0.02)
     raise AssertionError(f"fewer than {n} requests running within {timeout_s}s: {status}")
 
-
-async def wait_envoy_healthy(http_url: str, timeout_s: float = 15.0) -> float:
-    """Seconds until Envoy's GET /health answers 200 (its active health check saw preprocess
-    SERVING again)."""
-    import httpx
-
-    start = time.monotonic()
-    async with httpx.AsyncClient(timeout=2.0) as client:
-        while time.monotonic() - start < timeout_s:
-            try:
-                if (await client.get(http_url + "/health")).status_code == 200:
-                    return time.monotonic() - start
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.1)
-    raise AssertionError(f"Envoy /health not 200 within {timeout_s}s")
