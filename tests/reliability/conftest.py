@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -157,16 +156,6 @@ def make_rig(tmp_path):
             return stack.enter_context(started_rig(tmp_path / f"rig{n}", **kwargs))
 
         yield make
-
-
-def wait_until(predicate, timeout_s: float, every_s: float = 0.05) -> float:
-    """Seconds until predicate() is true; AssertionError at the deadline."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(every_s)
-    raise AssertionError(f"condition not met within {timeout_s}s")
 
 
 @pytest.fixture(scope="session")
