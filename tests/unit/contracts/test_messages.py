@@ -4,7 +4,6 @@ import struct
 
 import pytest
 from google.protobuf import descriptor_pb2, timestamp_pb2
-
 from mstar.v1 import generation_service_pb2 as gen_pb2
 from mstar.v1 import inference_service_pb2 as inf_pb2
 from mstar.v1 import messages_pb2 as pb
