@@ -113,6 +113,12 @@ bench-peers: $(STAMP_PROTO) ## Build llama.cpp's llama-server (~8 min, cached in
 bench-gpu: $(STAMP_PROTO) ## GPU kernel correctness + benchmarks (needs CUDA); writes docs/kernels.md
 	bash bench/gpu_check.sh
 
+# ---------------------------------------------------------------- soak
+SOAK_MINUTES ?= 10
+.PHONY: soak
+soak: $(STAMP_PROTO) ## Soak: mixed load, 30% cancellations; RSS slope, KV at idle, errors (SOAK_MINUTES=10)
+	$(PY) -m bench.soak --minutes $(SOAK_MINUTES)
+
 .PHONY: clean
 clean: ## Remove generated files and build outputs (keeps .venv)
 	rm -rf $(GEN) build .pytest_cache .ruff_cache

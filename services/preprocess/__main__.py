@@ -44,6 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--file-root", type=Path, default=None, help="allow file_path inputs under this directory")
     p.add_argument("--max-file-bytes", type=int, default=4 * 1024 * 1024)
     p.add_argument("--keepalive-s", type=float, default=2.0, help="KeepAlive period while waiting")
+    p.add_argument("--input-idle-s", type=float, default=60.0,
+                   help="fail a request whose open input receives nothing for this long")
     p.add_argument("--grace-s", type=float, default=20.0, help="SIGTERM drain period")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0 = any); off if unset")
     p.add_argument("--log-level", default="INFO")
@@ -74,6 +76,7 @@ async def serve(args: argparse.Namespace) -> None:
         limits=limits,
         files=FileReader(args.file_root, args.max_file_bytes),
         keepalive_s=args.keepalive_s,
+        input_idle_s=args.input_idle_s,
     )
     servicer = InferenceServicer(deps, metrics)
     server.add(api_grpc.add_InferenceServiceServicer_to_server, servicer, "mstar.v1.InferenceService")

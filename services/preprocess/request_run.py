@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from services.common.errors import MstarError, failed_precondition
+from services.common.errors import Code, MstarError, failed_precondition
 from services.preprocess import limits as caps
 from services.preprocess.admission import Admission, Ticket
 from services.preprocess.backend import (
@@ -55,6 +55,9 @@ class Deps:
     limits: Limits
     files: FileReader
     keepalive_s: float = 2.0
+    # An open input that receives nothing for this long fails the request: otherwise a client
+    # that forgets to end its input holds an admission slot until Envoy's max stream duration.
+    input_idle_s: float = 60.0
 
 
 @dataclass
@@ -86,6 +89,7 @@ class RequestRun:
         self._budget = budget
         self._prompt = PromptBuilder(deps.model, deps.files)
         self._dequeue_time = time.time()
+        self._last_input = time.monotonic()
         self._preprocess_finish: float | None = None
         self._uploads = [spec.upload_bytes]
         self._ticket: Ticket | None = None
@@ -136,6 +140,7 @@ class RequestRun:
         if self.input_done:
             raise failed_precondition(f"the input of request {self.request_id} has ended", "INPUT_ENDED")
         self._uploads.append(spec.upload_bytes)
+        self._last_input = time.monotonic()
         before = self.prompt_tokens
         try:
             self._budget.charge(spec.upload_bytes, is_append=True)
@@ -164,6 +169,16 @@ class RequestRun:
         if self._backend is not None:
             self._backend.end_locally(BackendFailed(err), err.reason)
 
+    def _fail_if_input_idle(self) -> None:
+        idle_s = time.monotonic() - self._last_input
+        if not self.input_done and idle_s > self._deps.input_idle_s:
+            self._fail(MstarError(
+                Code.DEADLINE_EXCEEDED,
+                "INPUT_IDLE_TIMEOUT",
+                f"no input for {idle_s:.0f} s while the input of request {self.request_id} is open "
+                f"(end it with `ends`; limit {self._deps.input_idle_s:.0f} s)",
+            ))
+
     def close(self) -> None:
         """Finally-path: abort if still generating, release the admission ticket."""
         self.finished = True
@@ -188,6 +203,7 @@ class RequestRun:
             try:
                 first = await asyncio.wait_for(queue.get(), self._deps.keepalive_s)
             except TimeoutError:
+                self._fail_if_input_idle()
                 yield KeepAlive(rid)
                 continue
             batch = [first]

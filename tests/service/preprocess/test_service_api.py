@@ -6,6 +6,8 @@ import time
 
 import grpc
 import pytest
+from conftest import Preprocess
+from fake_generation import start_fake
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from mstar.v1 import inference_service_pb2 as api
@@ -205,3 +207,23 @@ def test_deadline_exceeded_aborts_generation(fake_stack):
 def test_list_models(fake_stack, model):
     reply = fake_stack.stub.ListModels(api.ListModelsRequest())
     assert reply.data[0].id == model.name and reply.data[0].max_model_len == 8192
+
+
+def test_open_input_that_goes_quiet_fails_and_frees_its_slot(loop, model):
+    """A client that opens its input and never ends it cannot hold an admission slot forever."""
+    server, _fake, port = loop.run(start_fake())
+    pre = Preprocess(loop, model, f"127.0.0.1:{port}", keepalive_s=0.1, input_idle_s=0.5)
+    try:
+        pre.wait_healthy()
+        start = pb.PreprocessInput(
+            request_id="quiet-1", text="a b", input_modalities=[pb.MODALITY_TEXT],
+            model_kwargs=pb.ModelKwargs(sampling=pb.SamplingParams(max_tokens=5)),
+        )
+        events = list(pre.stub.GenerateStream(api.GenerateStreamRequest(input=start), timeout=20))
+        assert events[0].HasField("accepted")
+        failed = events[-1].failed
+        assert failed.reason == "INPUT_IDLE_TIMEOUT" and failed.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+        assert pre.servicer.num_running == 0 and pre.backend.num_requests == 0
+    finally:
+        pre.close()
+        loop.run(server.stop(None))
