@@ -53,23 +53,28 @@ async def _fails_fast(rig, budget_s: float = 2.0) -> None:
     assert time.monotonic() - t0 < budget_s * 2
 
 
+async def _armed_fault_scenario(rig, num_streams: int, not_serving: tuple) -> tuple[list, float]:
+    """Start streams, arm the fault, collect every stream to its end; then the listed servers
+    must report NOT_SERVING and new requests must fail fast. Returns (records, seconds to end)."""
+    async with grpc.aio.insecure_channel(rig.grpc) as channel:
+        stub = api_grpc.InferenceServiceStub(channel)
+        calls = await _start_streams(stub, num_streams)
+        rig.arm()
+        t0 = time.monotonic()
+        records = await asyncio.gather(*(probe.collect_stream(c) for c in calls))
+        elapsed = time.monotonic() - t0
+    for target in not_serving:
+        await probe.wait_health(target, probe.NOT_SERVING, timeout_s=5)
+    await _fails_fast(rig)
+    return records, elapsed
+
+
 def test_r06_forward_raises_fails_everything_and_reports_not_serving(make_rig, figures):
     rig = make_rig(faults="forward_raise_at_step=1", generation_args=NULL_STEP)
 
-    async def scenario():
-        async with grpc.aio.insecure_channel(rig.grpc) as channel:
-            stub = api_grpc.InferenceServiceStub(channel)
-            calls = await _start_streams(stub, 4)
-            rig.arm()
-            t0 = time.monotonic()
-            records = await asyncio.gather(*(probe.collect_stream(c) for c in calls))
-            elapsed = time.monotonic() - t0
-        await probe.wait_health(rig.generation, probe.NOT_SERVING, timeout_s=5)
-        await probe.wait_health(rig.preprocess, probe.NOT_SERVING, timeout_s=5)
-        await _fails_fast(rig)
-        return records, elapsed
-
-    records, elapsed = rig.run(scenario(), timeout_s=60)
+    records, elapsed = rig.run(
+        _armed_fault_scenario(rig, 4, not_serving=(rig.generation, rig.preprocess)), timeout_s=60
+    )
     figures["r06_fail_inflight_after_forward_error_s"] = round(elapsed, 3)
     for record in records:
         record.assert_one_terminal()
@@ -121,19 +126,7 @@ def test_r07_sigkill_generation_fails_inflight_fast_then_recovers(make_rig, figu
 def test_r08_hung_step_watchdog_fails_pending_and_health(make_rig, figures):
     rig = make_rig(faults="stall_step_at=1:120", generation_args=(*NULL_STEP, "--watchdog-s", "1.5"))
 
-    async def scenario():
-        async with grpc.aio.insecure_channel(rig.grpc) as channel:
-            stub = api_grpc.InferenceServiceStub(channel)
-            calls = await _start_streams(stub, 3)
-            rig.arm()
-            t0 = time.monotonic()
-            records = await asyncio.gather(*(probe.collect_stream(c) for c in calls))
-            elapsed = time.monotonic() - t0
-        await probe.wait_health(rig.generation, probe.NOT_SERVING, timeout_s=5)
-        await _fails_fast(rig)
-        return records, elapsed
-
-    records, elapsed = rig.run(scenario(), timeout_s=60)
+    records, elapsed = rig.run(_armed_fault_scenario(rig, 3, not_serving=(rig.generation,)), timeout_s=60)
     figures["r08_fail_inflight_after_hung_step_s"] = round(elapsed, 3)
     for record in records:
         record.assert_one_terminal()
