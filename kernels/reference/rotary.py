@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.reference.step_memo import per_step
+
 
 def build_cos_sin_cache(
     head_dim: int,
@@ -44,9 +46,14 @@ def apply_rotary_ref(
     positions: torch.Tensor,  # [T] int64
     cos_sin_cache: torch.Tensor,  # [max_pos, D]
 ) -> None:
-    half = q.shape[-1] // 2
-    rows = cos_sin_cache.index_select(0, positions)  # [T, D]
-    cos = rows[:, None, :half].to(q.dtype)  # [T, 1, D/2]
-    sin = rows[:, None, half:].to(q.dtype)  # [T, 1, D/2]
+    cos, sin = per_step("rotary", (positions, cos_sin_cache), lambda: _cos_sin(positions, cos_sin_cache, q.dtype))
+    if cos.dtype != q.dtype:
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
     q.copy_(_rotate(q, cos, sin))
     k.copy_(_rotate(k, cos.to(k.dtype), sin.to(k.dtype)))
+
+
+def _cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor, dtype: torch.dtype):
+    half = cos_sin_cache.shape[-1] // 2
+    rows = cos_sin_cache.index_select(0, positions)  # [T, D]
+    return rows[:, None, :half].to(dtype), rows[:, None, half:].to(dtype)  # [T, 1, D/2] each

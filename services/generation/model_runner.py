@@ -27,6 +27,23 @@ class RunnerConfig:
     device: str = "auto"  # auto: cuda when available, else cpu
     num_threads: int = 1  # torch intra-op threads on CPU: 1 measured best when cores are shared (docs/benchmarks-engine.md)
     force_triton: bool = False  # run the Triton kernels under TRITON_INTERPRET=1 (tests)
+    dtype: str = "auto"  # auto | float32 | bfloat16 (weights, activations, KV cache)
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: bf16 on CUDA (the Triton kernels' dtype); fp32 on CPU, the dtype of the HF parity oracle.
+
+    bfloat16 on CPU is opt-in: on a CPU with avx512_bf16 the matmuls take half the time of fp32
+    (docs/benchmarks-engine.md), and greedy output drifts from fp32 only after many tokens.
+    """
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {name!r}")
+    return DTYPES[name]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -40,8 +57,7 @@ class ModelRunner:
         self.config = config
         self.model_config = checkpoint.config
         self.device = resolve_device(config.device)
-        # CUDA: bf16 + Triton. CPU: fp32 + torch references (bf16 matmuls are slow on most CPUs).
-        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.dtype = resolve_dtype(config.dtype, self.device)
         if self.device.type == "cpu":
             torch.set_num_threads(config.num_threads)
         self.ops = KernelOps.create(self.device, force_triton=config.force_triton)
