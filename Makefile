@@ -110,7 +110,7 @@ bench-peers: $(STAMP_PROTO) ## Build llama.cpp's llama-server (~8 min, cached in
 	$(PY) -m bench.run
 
 .PHONY: bench-gpu
-bench-gpu: $(STAMP_PROTO) ## GPU kernel correctness + benchmarks (needs CUDA); writes docs/kernels.md
+bench-gpu: $(STAMP_PROTO) ## GPU kernel tests + kernel and engine benchmarks (needs CUDA); writes docs/kernels.md, docs/benchmarks-engine.md
 	bash bench/gpu_check.sh
 
 # ---------------------------------------------------------------- soak

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# GPU kernel check: the CUDA correctness tests (pytest -m gpu tests/kernels), then the kernel
-# benchmarks (bench/kernels.py), which rewrite the results section of docs/kernels.md.
-# Sized for < 8 minutes on one H200: each step has its own timeout. Run from anywhere:
+# GPU check: the CUDA correctness tests (pytest -m gpu tests/kernels), the kernel benchmarks
+# (bench/kernels.py, rewrites the results section of docs/kernels.md), then the engine vs HF
+# generate() benchmark on the GPU (bench/engine.py, appends to docs/benchmarks-engine.md; the
+# generation issue's ">= 5x HF at 16 sequences" is measured there).
+# Sized for < 10 minutes on one H200: each step has its own timeout. Run from anywhere:
 #   bash bench/gpu_check.sh            (or: make bench-gpu)
 #   PYTHON=/path/to/python QUICK=1 bash bench/gpu_check.sh
 set -euo pipefail
@@ -28,4 +30,7 @@ echo "gpu_check: benchmarks (bench/kernels.py)"
 bench_args=(--out docs/kernels.md)
 if [[ -n "${QUICK:-}" ]]; then bench_args+=(--quick); fi
 timeout 240 "$PYTHON" -m bench.kernels "${bench_args[@]}"
-echo "gpu_check: done; results in docs/kernels.md"
+
+echo "gpu_check: engine vs HF generate() on the GPU (bench/engine.py)"
+timeout 240 "$PYTHON" -m bench.engine --device cuda --threads 1 --dtypes bfloat16 --batches 1 4 16 --mixed-requests 64
+echo "gpu_check: done; results in docs/kernels.md and docs/benchmarks-engine.md"

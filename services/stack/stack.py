@@ -42,6 +42,7 @@ class StackConfig:
     preprocess_port: int = 50051
     generation_port: int = 50052
     null_engine: bool = False
+    dtype: str = "auto"  # generation --dtype: auto = fp32 on CPU (HF parity), bf16 on CUDA
     log_dir: Path | None = None
     ready_timeout_s: float = 600.0
     generation_args: list[str] = field(default_factory=list)
@@ -53,6 +54,8 @@ class StackConfig:
         values: dict[str, object] = {k: int(os.environ[v]) for k, v in ENV_PORTS.items() if os.environ.get(v)}
         if os.environ.get("MSTAR_MODEL"):
             values["model"] = os.environ["MSTAR_MODEL"]
+        if os.environ.get("MSTAR_DTYPE"):
+            values["dtype"] = os.environ["MSTAR_DTYPE"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
 
@@ -104,6 +107,8 @@ class Stack:
                     "--port", str(c.generation_port)]
         if c.null_engine:
             gen_argv.append("--null-engine")
+        else:
+            gen_argv += ["--dtype", c.dtype]
         self.children["generation"] = Child("generation", gen_argv + c.generation_args,
                                             self.log_dir / "generation.log")
         self.children["preprocess"] = Child(
