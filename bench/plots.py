@@ -33,7 +33,7 @@ def _line(ax, results, key: str, log_y: bool = False) -> None:
     ax.grid(True, which="both", alpha=0.3)
 
 
-def plot_all(results: dict, out_dir: Path) -> list[Path]:
+def plot_all(results: dict, out_dir: Path, prefix: str = "bench") -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
 
@@ -42,7 +42,7 @@ def plot_all(results: dict, out_dir: Path) -> list[Path]:
     ax.set(xlabel="concurrent streams (HF: batch size)", ylabel="output tokens/s",
            title="Throughput, SmolLM2-135M Q4_1, 2 threads, 48-word prompts, 64 tokens")
     _legend(ax, 8)
-    paths.append(_save(fig, out_dir / "bench_throughput.png"))
+    paths.append(_save(fig, out_dir / f"{prefix}_throughput.png"))
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     _line(axes[0], results, "ttft_p50_ms", log_y=True)
@@ -50,7 +50,7 @@ def plot_all(results: dict, out_dir: Path) -> list[Path]:
     _line(axes[1], results, "itl_p50_ms")
     axes[1].set(xlabel="concurrent streams", ylabel="ms", title="Inter-token latency p50")
     _legend(axes[0], 7)
-    paths.append(_save(fig, out_dir / "bench_latency.png"))
+    paths.append(_save(fig, out_dir / f"{prefix}_latency.png"))
 
     t = results.get("transport") or {}
     if t.get("bare") or t.get("stack"):
@@ -63,7 +63,7 @@ def plot_all(results: dict, out_dir: Path) -> list[Path]:
         ax.set(xlabel="concurrent streams", ylabel="tokens (messages)/s", title="Transport: streamed tokens/s")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-        paths.append(_save(fig, out_dir / "bench_transport.png"))
+        paths.append(_save(fig, out_dir / f"{prefix}_transport.png"))
     return paths
 
 

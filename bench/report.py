@@ -39,7 +39,7 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}×" if a and b else "–"
 
 
-def render(res: dict, plots: list[str]) -> str:
+def render(res: dict, plots: list[str], notes: bool = True) -> str:
     m, ll, hf, meta = res.get("mstar") or {}, res.get("llama_server") or {}, res.get("hf_generate") or {}, res["meta"]
     s = meta["settings"]
     levels = s["concurrency"]
@@ -63,7 +63,7 @@ def render(res: dict, plots: list[str]) -> str:
         "ratio compares measurements minutes apart at most. "
         "No prompt is sent twice to a system (no prefix-cache help).",
         "",
-        "Systems: **mstar** = Envoy + preprocess + generation (`services.stack.Stack`, fp32 torch on CPU), "
+        f"Systems: **mstar** = Envoy + preprocess + generation (`services.stack.Stack`, {s.get('dtype', 'float32')} torch on CPU), "
         "driven over HTTP (OpenAI `/v1/completions`, SSE, httpx) and gRPC (`InferenceService.GenerateStream`), "
         "both through Envoy's port; **llama-server** = llama.cpp's C++ server "
         f"({ll.get('version', '–')}; `{ll.get('argv', '')}`) through its own `/v1/completions` with the very same "
@@ -107,7 +107,7 @@ def render(res: dict, plots: list[str]) -> str:
     out += [f"![latency]({p})" for p in plots if "latency" in p]
     out += ["", *_poisson(m, ll), "", *_transport(res.get("transport") or {}, plots), "",
             *_streamed(res.get("streamed_input") or {}), "", *_profile(m.get("profile") or {})]
-    if NOTES.exists():
+    if notes and NOTES.exists():
         out += ["", NOTES.read_text().strip()]
     return "\n".join(out) + "\n"
 

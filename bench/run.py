@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--doc", type=Path, default=DOCS / "benchmarks.md")
     ap.add_argument("--concurrency", help="override the comparison's levels, e.g. 1,16")
     ap.add_argument("--rounds", type=int, help="override the comparison's rounds")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], help="mstar's model dtype (default float32)")
     args = ap.parse_args(argv)
     s = FULL if args.full else QUICK
     if args.concurrency:
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         s.grpc_concurrency = [max(s.concurrency)]
     if args.rounds:
         s.rounds = args.rounds
+    if args.dtype:
+        s.dtype = args.dtype
     only = set(args.only.split(","))
     from services.generation.weights.locate import default_model_path
 
@@ -91,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     results["meta"]["duration_s"] = time.time() - t0
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1) + "\n")
-    plots = [p.name for p in plot_all(results, args.doc.parent)]
-    args.doc.write_text(render(results, plots))
+    main_doc = args.doc.name == "benchmarks.md"  # other docs get their own plot names, no fp32 notes
+    plots = [p.name for p in plot_all(results, args.doc.parent, "bench" if main_doc else args.doc.stem)]
+    args.doc.write_text(render(results, plots, notes=main_doc))
     targets.log(f"wrote {args.doc}, {args.json} and {len(plots)} plots in {results['meta']['duration_s']:.0f} s")
     return 0
 
