@@ -28,19 +28,23 @@ class RunnerConfig:
     num_threads: int = 1  # torch intra-op threads on CPU: 1 measured best when cores are shared (docs/benchmarks-engine.md)
     force_triton: bool = False  # run the Triton kernels under TRITON_INTERPRET=1 (tests)
     dtype: str = "auto"  # auto | float32 | bfloat16 (weights, activations, KV cache)
+    quantization: str = "none"  # none | gguf: run a GGUF's Q4_0/Q4_1 weights as 4-bit (CPU, bf16)
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+QUANTIZATIONS = ("none", "gguf")
+
+
+def resolve_dtype(name: str, device: torch.device, quantization: str = "none") -> torch.dtype:
     """auto: bf16 on CUDA (the Triton kernels' dtype); fp32 on CPU, the dtype of the HF parity oracle.
 
     bfloat16 on CPU is opt-in: on a CPU with avx512_bf16 it decodes ~1.8-2x faster than fp32 at a
     0.1 % higher loss (docs/benchmarks-engine.md), but greedy output is no longer identical to HF.
     """
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if device.type == "cuda" or quantization == "gguf" else torch.float32
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {name!r}")
     return DTYPES[name]
@@ -57,19 +61,33 @@ class ModelRunner:
         self.config = config
         self.model_config = checkpoint.config
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.dtype = resolve_dtype(config.dtype, self.device, config.quantization)
+        q4 = self._q4_weights(checkpoint, config.quantization)
         if self.device.type == "cpu":
             torch.set_num_threads(config.num_threads)
         self.ops = KernelOps.create(self.device, force_triton=config.force_triton)
         self.block_size = config.block_size
         with torch.inference_mode():
-            self.model = Transformer(checkpoint.config, self.ops, checkpoint.state_dict, self.device, self.dtype)
+            self.model = Transformer(checkpoint.config, self.ops, checkpoint.state_dict, self.device, self.dtype, q4)
             self.kv_cache = KVCache(checkpoint.config, config.num_blocks, config.block_size, self.device, self.dtype)
         self.sampler = Sampler(self.ops, self.device)
         log.info(
             "model ready",
-            extra={"device": str(self.device), "dtype": str(self.dtype), "threads": torch.get_num_threads()},
+            extra={"device": str(self.device), "dtype": str(self.dtype), "threads": torch.get_num_threads(),
+                   "quantization": config.quantization},
         )
+
+    def _q4_weights(self, checkpoint: Checkpoint, quantization: str):
+        if quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
+        if quantization == "none":
+            return None
+        if self.device.type != "cpu":
+            raise ValueError("--quantization gguf runs on CPU only (torch's int4 CPU matmul)")
+        if not checkpoint.q4:
+            raise ValueError(f"--quantization gguf needs a GGUF model with Q4_0/Q4_1 weights; {checkpoint.source} "
+                             "has none (or was loaded without keep_q4)")
+        return checkpoint.q4
 
     @property
     def vocab_size(self) -> int:

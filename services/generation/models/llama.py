@@ -4,6 +4,7 @@
     Block:       x + Attention(RMSNorm(x)),  then  x + FeedForward(RMSNorm(x))  (fused add+norm)
     Attention:   one fused qkv matmul, RoPE, store K/V in the paged cache, paged attention, o_proj
     FeedForward: one fused gate|up matmul, silu(gate) * up, down_proj
+    (each matmul is a models/linear.py projection: a dense weight, or 4-bit GGUF codes)
 
 Every hot-path op except the matmuls goes through ``KernelOps`` (Triton on CUDA, torch references
 on CPU). The checkpoint's separate q/k/v and gate/up matrices are concatenated once at load time:
@@ -21,6 +22,10 @@ import torch.nn.functional as F
 
 from kernels.dispatch import KernelOps
 from services.generation.models.config import LlamaConfig, check_state_dict
+from services.generation.models.linear import Dense, Int4
+from services.generation.weights.q4 import Q4Weight
+
+Projection = Dense | Int4
 
 
 @dataclass
@@ -52,18 +57,18 @@ class KVCache:
 
 
 class Attention:
-    def __init__(self, config: LlamaConfig, ops: KernelOps, wqkv: torch.Tensor, wo: torch.Tensor):
+    def __init__(self, config: LlamaConfig, ops: KernelOps, qkv_proj: Projection, o_proj: Projection):
         self.ops = ops
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         self.scale = config.head_dim**-0.5
-        self.wqkv = wqkv  # [(Hq + 2 Hk) D, H]
-        self.wo = wo  # [H, Hq D]
+        self.qkv_proj = qkv_proj  # H -> (Hq + 2 Hk) D
+        self.o_proj = o_proj  # Hq D -> H
 
     def __call__(self, x, meta: StepMetadata, cos_sin, k_cache, v_cache) -> torch.Tensor:
         t = x.shape[0]
-        qkv = F.linear(x, self.wqkv)  # [T, (Hq + 2 Hk) D]
+        qkv = self.qkv_proj(x)  # [T, (Hq + 2 Hk) D]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)  # [T, Hq, D] (strided views into qkv)
         k = k.view(t, self.num_kv_heads, self.head_dim)  # [T, Hk, D]
@@ -73,17 +78,17 @@ class Attention:
         o = self.ops.paged_attention(
             q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, self.scale
         )  # [T, Hq, D]
-        return F.linear(o.reshape(t, self.q_size), self.wo)  # [T, H]
+        return self.o_proj(o.reshape(t, self.q_size))  # [T, H]
 
 
 class FeedForward:
-    def __init__(self, ops: KernelOps, w_gate_up: torch.Tensor, w_down: torch.Tensor):
+    def __init__(self, ops: KernelOps, gate_up_proj: Projection, down_proj: Projection):
         self.ops = ops
-        self.w_gate_up = w_gate_up  # [2F, H]
-        self.w_down = w_down  # [H, F]
+        self.gate_up_proj = gate_up_proj  # H -> 2F
+        self.down_proj = down_proj  # F -> H
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
-        return F.linear(self.ops.silu_and_mul(F.linear(x, self.w_gate_up)), self.w_down)
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class Block:
@@ -104,16 +109,22 @@ class Block:
 
 
 class Transformer:
-    def __init__(self, config: LlamaConfig, ops: KernelOps, state_dict: dict, device, dtype):
-        """Fuse, cast and move the HF-named weights (checked first, so errors name the tensor)."""
+    def __init__(self, config: LlamaConfig, ops: KernelOps, state_dict: dict, device, dtype,
+                 q4: dict[str, Q4Weight] | None = None):
+        """Fuse, cast and move the HF-named weights (checked first, so errors name the tensor).
+
+        q4: 4-bit GGUF weights by HF name; a projection whose weights are all there runs as Int4.
+        """
         check_state_dict(config, state_dict, "state dict")
         self.config, self.ops = config, ops
 
         def w(name: str) -> torch.Tensor:
             return state_dict[name].to(device=device, dtype=dtype).contiguous()
 
-        def cat(*names: str) -> torch.Tensor:
-            return torch.cat([state_dict[n] for n in names], dim=0).to(device=device, dtype=dtype).contiguous()
+        def linear(*names: str) -> Projection:  # one projection from the rows of these weights
+            if q4 is not None and all(n in q4 for n in names):
+                return Int4(Q4Weight.cat([q4[n] for n in names]), dtype)
+            return Dense(torch.cat([state_dict[n] for n in names], dim=0).to(device=device, dtype=dtype).contiguous())
 
         self.embed_tokens = w("model.embed_tokens.weight")  # [V, H]
         self.lm_head = self.embed_tokens if config.tie_word_embeddings else w("lm_head.weight")  # [V, H]
@@ -124,10 +135,10 @@ class Transformer:
             attn = Attention(
                 config,
                 ops,
-                cat(p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"),
-                w(p + "self_attn.o_proj.weight"),
+                linear(p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"),
+                linear(p + "self_attn.o_proj.weight"),
             )
-            ffn = FeedForward(ops, cat(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), w(p + "mlp.down_proj.weight"))
+            ffn = FeedForward(ops, linear(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), linear(p + "mlp.down_proj.weight"))
             norms = (w(p + "input_layernorm.weight"), w(p + "post_attention_layernorm.weight"))
             self.blocks.append(Block(config, ops, attn, ffn, norms))
         self.cos_sin = ops.build_cos_sin_cache(

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from services.generation.models.config import LlamaConfig
+from services.generation.weights.q4 import Q4Weight
 
 
 @dataclass
@@ -15,3 +16,6 @@ class Checkpoint:
     source: str  # the file or directory it came from
     config: LlamaConfig
     state_dict: dict[str, torch.Tensor]  # HF names, fp32, HF layout (q/k permutation undone)
+    # GGUF only, when asked for (load_checkpoint(keep_q4=True)): the 4-bit linear weights as the
+    # file stores them, same names and layout as state_dict (which still holds them dequantized).
+    q4: dict[str, Q4Weight] = field(default_factory=dict)

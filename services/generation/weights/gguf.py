@@ -15,6 +15,7 @@ import torch
 
 from services.generation.models.config import CheckpointError, LlamaConfig, check_state_dict
 from services.generation.weights.checkpoint import Checkpoint
+from services.generation.weights.q4 import Q4Weight, decode_gguf_q4
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -39,6 +40,23 @@ def hf_name(gguf_name: str) -> str | None:
     if stem in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[stem]}.{suffix}"
     return None
+
+
+def gguf_name(name: str) -> str:
+    """The inverse of hf_name: 'model.layers.3.self_attn.q_proj.weight' -> 'blk.3.attn_q.weight'."""
+    stem, _, suffix = name.rpartition(".")
+    for short, long in _GLOBAL_NAMES.items():
+        if stem == long:
+            return f"{short}.{suffix}"
+    _, _, layer, rest = stem.split(".", 3)
+    short = next(k for k, v in _LAYER_NAMES.items() if v == rest)
+    return f"blk.{layer}.{short}.{suffix}"
+
+
+def permute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """llama.cpp's RoPE row order from HF's: the inverse of unpermute_qk (used to write GGUFs)."""
+    rows, cols = w.shape
+    return w.view(num_heads, 2, rows // num_heads // 2, cols).transpose(1, 2).reshape(rows, cols)
 
 
 def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -103,8 +121,9 @@ def _dequantize(tensor) -> np.ndarray:
     return data.reshape(tuple(int(d) for d in reversed(tensor.shape)))
 
 
-def load_gguf(path: str) -> Checkpoint:
-    from gguf import GGUFReader
+def load_gguf(path: str, keep_q4: bool = False) -> Checkpoint:
+    """keep_q4: also keep Q4_0/Q4_1 weights as 4-bit codes (Checkpoint.q4) for the int4 matmul path."""
+    from gguf import GGMLQuantizationType, GGUFReader
 
     try:
         reader = GGUFReader(path)
@@ -112,16 +131,24 @@ def load_gguf(path: str) -> Checkpoint:
         raise CheckpointError(f"{path}: not a readable GGUF file ({e})") from e
     config = _read_config(reader, path)
     state_dict: dict[str, torch.Tensor] = {}
+    quantized: dict[str, Q4Weight] = {}
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
         if name is None:
             continue  # e.g. rope_freqs: derived data the model recomputes
         w = torch.from_numpy(_dequantize(tensor))
-        if name.endswith("q_proj.weight"):
-            w = unpermute_qk(w, config.num_heads)
-        elif name.endswith("k_proj.weight"):
-            w = unpermute_qk(w, config.num_kv_heads)
+        q4 = None
+        if keep_q4 and len(tensor.shape) == 2:
+            kind = GGMLQuantizationType(tensor.tensor_type).name
+            q4 = decode_gguf_q4(kind, tensor.data, int(tensor.shape[1]), int(tensor.shape[0]))
+        heads = {"q_proj.weight": config.num_heads, "k_proj.weight": config.num_kv_heads}.get(name.rsplit(".", 2)[-2] + ".weight")
+        if heads is not None:
+            w = unpermute_qk(w, heads)
+            if q4 is not None:
+                q4 = q4.map_rows(lambda t, h=heads: unpermute_qk(t, h))
         state_dict[name] = w
+        if q4 is not None:
+            quantized[name] = q4
     check_state_dict(config, state_dict, path)
     name = _field(reader, "general.name", required=False) or os.path.basename(path)
-    return Checkpoint(name=str(name), source=path, config=config, state_dict=state_dict)
+    return Checkpoint(name=str(name), source=path, config=config, state_dict=state_dict, q4=quantized)

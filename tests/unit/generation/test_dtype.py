@@ -24,17 +24,22 @@ def test_an_unknown_dtype_is_refused_naming_the_choices():
         resolve_dtype("fp8", torch.device("cpu"))
 
 
-def teacher_forced_logits(runner: ModelRunner, ids: list[int]) -> torch.Tensor:
-    """Logits at every position of one sequence, prefilled in one step (block ids 0..n-1)."""
+def teacher_forced_logits(runner: ModelRunner, ids: list[int], chunk: int | None = None) -> torch.Tensor:
+    """Logits at every position of one sequence (cache blocks 0..n-1), prefilled in steps of `chunk`
+    tokens (all at once by default): small chunks keep a step's row count on the decode path."""
     t, bs = len(ids), runner.block_size
-    meta = StepMetadata(
-        positions=torch.arange(t), slot_mapping=torch.arange(t),
-        block_tables=torch.arange(-(-t // bs), dtype=torch.int32)[None],
-        cu_seqlens_q=torch.tensor([0, t], dtype=torch.int32), context_lens=torch.tensor([t], dtype=torch.int32),
-        logits_indices=torch.arange(t),
-    )
-    with torch.inference_mode():
-        return runner.model.forward(torch.tensor(ids), meta, runner.kv_cache).float()  # [T, V]
+    tables = torch.arange(-(-t // bs), dtype=torch.int32)[None]
+    out = []
+    for start in range(0, t, chunk or t):
+        end = min(t, start + (chunk or t))
+        meta = StepMetadata(
+            positions=torch.arange(start, end), slot_mapping=torch.arange(start, end), block_tables=tables,
+            cu_seqlens_q=torch.tensor([0, end - start], dtype=torch.int32),
+            context_lens=torch.tensor([end], dtype=torch.int32), logits_indices=torch.arange(end - start),
+        )
+        with torch.inference_mode():
+            out.append(runner.model.forward(torch.tensor(ids[start:end]), meta, runner.kv_cache).float())
+    return torch.cat(out)  # [T, V]
 
 
 def runner_for(checkpoint, dtype: str, num_blocks: int = 64, block_size: int = 4) -> ModelRunner:
