@@ -27,6 +27,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--null-engine", action="store_true", help="generation without a model (plumbing tests)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"],
                    help="model dtype (env MSTAR_DTYPE); auto = float32 on CPU, bfloat16 on CUDA")
+    p.add_argument("--quantization", choices=["none", "gguf"],
+                   help="gguf: serve a GGUF's 4-bit weights as they are (env MSTAR_QUANTIZATION; CPU, bf16)")
     p.add_argument("--log-dir", type=Path, help="where the three logs go (default: a temp dir)")
     p.add_argument("--ready-timeout", type=float, default=600.0)
     return p.parse_args(argv)
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         model=args.model, http_port=args.http_port, admin_port=args.admin_port,
         preprocess_port=args.preprocess_port, generation_port=args.generation_port,
         log_dir=args.log_dir, ready_timeout_s=args.ready_timeout, null_engine=args.null_engine or None,
-        dtype=args.dtype)
+        dtype=args.dtype, quantization=args.quantization)
 
     def on_signal(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM stops the stack exactly like Ctrl-C

@@ -43,6 +43,7 @@ class StackConfig:
     generation_port: int = 50052
     null_engine: bool = False
     dtype: str = "auto"  # generation --dtype: auto = fp32 on CPU (HF parity), bf16 on CUDA
+    quantization: str = "none"  # generation --quantization: gguf = the GGUF's 4-bit weights as they are
     log_dir: Path | None = None
     ready_timeout_s: float = 600.0
     generation_args: list[str] = field(default_factory=list)
@@ -56,6 +57,8 @@ class StackConfig:
             values["model"] = os.environ["MSTAR_MODEL"]
         if os.environ.get("MSTAR_DTYPE"):
             values["dtype"] = os.environ["MSTAR_DTYPE"]
+        if os.environ.get("MSTAR_QUANTIZATION"):
+            values["quantization"] = os.environ["MSTAR_QUANTIZATION"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
 
@@ -108,7 +111,7 @@ class Stack:
         if c.null_engine:
             gen_argv.append("--null-engine")
         else:
-            gen_argv += ["--dtype", c.dtype]
+            gen_argv += ["--dtype", c.dtype, "--quantization", c.quantization]
         self.children["generation"] = Child("generation", gen_argv + c.generation_args,
                                             self.log_dir / "generation.log")
         self.children["preprocess"] = Child(
