@@ -36,7 +36,8 @@ def compare(s: Settings, gguf: str) -> dict:
 
     hf = HFProcess(s.prompt_words, s.max_tokens, s.threads).start()  # loads while the others start
     config = StackConfig.with_free_ports(log_dir=OUT / "logs" / "mstar", ready_timeout_s=240.0,
-                                         generation_args=["--threads", str(s.threads), "--dtype", s.dtype])
+                                         generation_args=["--threads", str(s.threads), "--dtype", s.dtype,
+                                                          "--quantization", s.quantization])
     llama = llama_server.LlamaServer(gguf, threads=s.threads, slots=s.slots) if llama_server.available() else None
     stack = Stack(config)
     out: dict = {"mstar": {}, "llama_server": {}, "hf_generate": {}}

@@ -1,7 +1,7 @@
 """Engine-only throughput on the default model vs HF transformers generate(), same weights.
 
-    .venv/bin/python -m bench.engine [--threads 1 2] [--dtypes float32 bfloat16] [--batches 1 4 16]
-                                     [--mixed-requests 64] [--device cpu|cuda]
+    .venv/bin/python -m bench.engine [--threads 1 2] [--variants float32 bfloat16 gguf-q4]
+                                     [--batches 1 4 16] [--mixed-requests 64] [--device cpu|cuda]
 
 Two measurements, both in one process, each engine row next to the HF row it is compared with:
 
@@ -15,9 +15,10 @@ Two measurements, both in one process, each engine row next to the HF row it is 
    each generating the batch's longest output (static batching). Useful output tokens / wall time,
    prefill included.
 
-HF runs in the same dtype as the engine row; ratios are also given against HF fp32, the only
-configuration in which the engine is token-for-token identical to HF. Writes a section to
-docs/benchmarks-engine.md with the machine description.
+Variants: float32 (the default, token-for-token identical to HF), bfloat16 (--dtype bfloat16) and
+gguf-q4 (--quantization gguf: the GGUF's 4-bit weights through torch's int4 matmul, bf16
+activations). HF runs in the variant's activation dtype; ratios are also given against HF fp32.
+Writes a section to docs/benchmarks-engine.md with the machine description.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from services.generation.weights.locate import load_checkpoint
 
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "benchmarks-engine.md")
 MIXED_CONCURRENCY = 16
+# name -> (engine dtype, engine quantization); HF runs in the engine's activation dtype.
+VARIANTS = {"float32": ("float32", "none"), "bfloat16": ("bfloat16", "none"), "gguf-q4": ("bfloat16", "gguf")}
 
 
 def prompts(batch: int, length: int) -> list[list[int]]:
@@ -134,7 +137,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, nargs="+", default=[2])
-    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=list(DTYPES))
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=32)
@@ -145,26 +148,28 @@ def main() -> None:
     import transformers
 
     device = torch.device(args.device)
-    checkpoint = load_checkpoint("default")
+    checkpoint = load_checkpoint("default", keep_q4="gguf-q4" in args.variants)
     hf_fp32 = transformers.LlamaForCausalLM(transformers.LlamaConfig(**checkpoint.config.to_hf_dict())).eval()
     hf_fp32.load_state_dict(checkpoint.state_dict, strict=False)
-    hf_models = {name: copy.deepcopy(hf_fp32).to(device=device, dtype=DTYPES[name]) for name in args.dtypes}
+    hf_dtypes = {"float32"} | {VARIANTS[v][0] for v in args.variants}
+    hf_models = {name: copy.deepcopy(hf_fp32).to(device=device, dtype=DTYPES[name]) for name in hf_dtypes}
     del hf_fp32
     requests = mixed_requests(args.mixed_requests)
     decode, mixed = [], []
     for threads in args.threads:
         torch.set_num_threads(threads)
-        for name in args.dtypes:
+        for name in args.variants:
+            dtype, quantization = VARIANTS[name]
             runner = ModelRunner(checkpoint, RunnerConfig(num_blocks=1024, block_size=16, device=str(device),
-                                                          num_threads=threads, dtype=name))
+                                                          num_threads=threads, dtype=dtype, quantization=quantization))
             ours_decode(runner, 2, args.prompt_len, 4)  # warm-up
             for batch in args.batches:
                 a = ours_decode(runner, batch, args.prompt_len, args.new_tokens)
-                b = hf_decode(hf_models[name], batch, args.prompt_len, args.new_tokens)
+                b = hf_decode(hf_models[dtype], batch, args.prompt_len, args.new_tokens)
                 decode.append((threads, name, batch, a, b))
                 print(f"decode threads={threads} {name} B={batch}: mstar {a:.1f} tok/s, HF {b:.1f}, {a / b:.2f}x", flush=True)
             if requests:
-                a, b = ours_mixed(runner, requests), hf_mixed(hf_models[name], requests)
+                a, b = ours_mixed(runner, requests), hf_mixed(hf_models[dtype], requests)
                 mixed.append((threads, name, a, b))
                 print(f"mixed threads={threads} {name}: mstar {a:.1f} tok/s, HF {b:.1f}, {a / b:.2f}x", flush=True)
             del runner
@@ -181,7 +186,7 @@ def render(args, device, decode, mixed) -> str:
              f"Machine: {machine(device)}.", "",
              f"Decode: default model (SmolLM2-135M-Instruct, GGUF Q4_1 dequantized), {args.batches} sequences x "
              f"{args.prompt_len}-token prompts, {args.new_tokens} greedy tokens, EOS ignored; `python -m bench.engine`.", "",
-             "| threads | dtype | sequences | mstar decode tok/s | HF generate, same dtype | ratio | ratio vs HF fp32 |",
+             "| threads | mstar variant | sequences | mstar decode tok/s | HF generate, same activation dtype | ratio | ratio vs HF fp32 |",
              "|---:|---|---:|---:|---:|---:|---:|"]
     for t, name, b, a, h in decode:
         base = hf32.get((t, b))
@@ -190,7 +195,7 @@ def render(args, device, decode, mixed) -> str:
         m32 = {t: h for t, name, _, h in mixed if name == "float32"}
         lines += ["", f"Mixed workload: {args.mixed_requests} requests, prompts 16-256 and outputs 16-128 tokens "
                   f"(seeded), {MIXED_CONCURRENCY} in flight; useful output tokens / wall time, prefill included.", "",
-                  "| threads | dtype | mstar (continuous batching) tok/s | HF (static batches of 16) | ratio | ratio vs HF fp32 |",
+                  "| threads | mstar variant | mstar (continuous batching) tok/s | HF (static batches of 16), same activation dtype | ratio | ratio vs HF fp32 |",
                   "|---:|---|---:|---:|---:|---:|"]
         for t, name, a, h in mixed:
             base = m32.get(t)

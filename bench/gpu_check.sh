@@ -32,5 +32,5 @@ if [[ -n "${QUICK:-}" ]]; then bench_args+=(--quick); fi
 timeout 240 "$PYTHON" -m bench.kernels "${bench_args[@]}"
 
 echo "gpu_check: engine vs HF generate() on the GPU (bench/engine.py)"
-timeout 240 "$PYTHON" -m bench.engine --device cuda --threads 1 --dtypes bfloat16 --batches 1 4 16 --mixed-requests 64
+timeout 240 "$PYTHON" -m bench.engine --device cuda --threads 1 --variants bfloat16 --batches 1 4 16 --mixed-requests 64
 echo "gpu_check: done; results in docs/kernels.md and docs/benchmarks-engine.md"

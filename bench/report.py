@@ -63,7 +63,8 @@ def render(res: dict, plots: list[str], notes: bool = True) -> str:
         "ratio compares measurements minutes apart at most. "
         "No prompt is sent twice to a system (no prefix-cache help).",
         "",
-        f"Systems: **mstar** = Envoy + preprocess + generation (`services.stack.Stack`, {s.get('dtype', 'float32')} torch on CPU), "
+        f"Systems: **mstar** = Envoy + preprocess + generation (`services.stack.Stack`, {s.get('dtype', 'float32')} torch on CPU"
+        f"{', 4-bit GGUF weights' if s.get('quantization') == 'gguf' else ''}), "
         "driven over HTTP (OpenAI `/v1/completions`, SSE, httpx) and gRPC (`InferenceService.GenerateStream`), "
         "both through Envoy's port; **llama-server** = llama.cpp's C++ server "
         f"({ll.get('version', '–')}; `{ll.get('argv', '')}`) through its own `/v1/completions` with the very same "

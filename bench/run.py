@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", help="override the comparison's levels, e.g. 1,16")
     ap.add_argument("--rounds", type=int, help="override the comparison's rounds")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], help="mstar's model dtype (default float32)")
+    ap.add_argument("--quantization", choices=["none", "gguf"], help="mstar's --quantization (default none)")
     args = ap.parse_args(argv)
     s = FULL if args.full else QUICK
     if args.concurrency:
@@ -69,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         s.rounds = args.rounds
     if args.dtype:
         s.dtype = args.dtype
+    if args.quantization:
+        s.quantization = args.quantization
+        s.dtype = "bfloat16" if args.quantization == "gguf" else s.dtype
     only = set(args.only.split(","))
     from services.generation.weights.locate import default_model_path
 
