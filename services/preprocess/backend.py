@@ -77,7 +77,10 @@ class BackendRequest:
     def __init__(self, backend: GenerationBackend, key: str, queue_size: int) -> None:
         self._backend = backend
         self.key = key
-        self.queue: asyncio.Queue[BackendEvent] = asyncio.Queue(maxsize=queue_size)
+        # queue_size events at most, plus one slot kept for the request's terminal event, so a
+        # reader that is behind still gets every token and then the finish, never a finish alone.
+        self._max_pending = queue_size
+        self.queue: asyncio.Queue[BackendEvent] = asyncio.Queue(maxsize=queue_size + 1)
         self.ended = False
 
     def append(self, token_ids: list[int], end: bool) -> None:
@@ -111,19 +114,16 @@ class BackendRequest:
         if self.ended:
             return
         terminal = isinstance(event, BackendFinished | BackendFailed)
-        if self.queue.full():
-            if not terminal:
-                self.abort("client too slow")
-                event = BackendFailed(
-                    MstarError(
-                        Code.RESOURCE_EXHAUSTED, "SLOW_CONSUMER", "the client did not read its output in time"
-                    )
-                )
-            while not self.queue.empty():
+        if not terminal and self.queue.qsize() >= self._max_pending:
+            self.abort("client too slow")
+            event, terminal = BackendFailed(
+                MstarError(Code.RESOURCE_EXHAUSTED, "SLOW_CONSUMER", "the client did not read its output in time")
+            ), True
+            while not self.queue.empty():  # the backlog is replaced by the error the reader sees next
                 self.queue.get_nowait()
-        if terminal or isinstance(event, BackendFailed):
+        if terminal:
             self.ended = True
-        self.queue.put_nowait(event)
+        self.queue.put_nowait(event)  # a terminal event always fits: the spare slot
 
 
 class GenerationBackend:
