@@ -34,7 +34,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--threads", type=int, default=1, help="torch threads on CPU; 1 measured best on the shared 2-core box (docs/benchmarks-engine.md)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="auto = bfloat16 on CUDA, float32 on CPU (bit-parity with HF); bfloat16 on CPU decodes ~1.8-2x faster")
+                   help="auto = bfloat16 on CUDA, float32 on CPU (bit-parity with HF); bfloat16 on CPU decodes ~1.3-2x faster")
     p.add_argument("--quantization", default="none", choices=["none", "gguf"],
                    help="gguf: run a GGUF's Q4_0/Q4_1 weights as 4-bit (CPU, implies --dtype bfloat16); ~2x bf16 at 1 stream")
     p.add_argument("--kv-blocks", type=int, default=1024)

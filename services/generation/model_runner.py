@@ -40,7 +40,7 @@ QUANTIZATIONS = ("none", "gguf")
 def resolve_dtype(name: str, device: torch.device, quantization: str = "none") -> torch.dtype:
     """auto: bf16 on CUDA (the Triton kernels' dtype); fp32 on CPU, the dtype of the HF parity oracle.
 
-    bfloat16 on CPU is opt-in: on a CPU with avx512_bf16 it decodes ~1.8-2x faster than fp32 at a
+    bfloat16 on CPU is opt-in: on a CPU with avx512_bf16 it decodes ~1.3-2x faster than fp32 at a
     0.1 % higher loss (docs/benchmarks-engine.md), but greedy output is no longer identical to HF.
     """
     if name == "auto":

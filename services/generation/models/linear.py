@@ -39,7 +39,6 @@ class Int4:
         if dtype != torch.bfloat16:
             # The fp32 variant of the kernel exists but runs ~25x slower than bf16 here (measured).
             raise ValueError("4-bit GGUF weights run with bfloat16 activations only (--dtype bfloat16)")
-        self.shape = q4.shape
         self.packed = torch._convert_weight_to_int4pack_for_cpu(q4.codes.to(torch.int32), 1)
         zero = q4.offset + 8.0 * q4.scale  # the kernel subtracts 8 from every code
         self.scales_and_zeros = torch.stack([q4.scale, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)  # [K/32, N, 2]

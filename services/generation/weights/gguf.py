@@ -141,7 +141,11 @@ def load_gguf(path: str, keep_q4: bool = False) -> Checkpoint:
         if keep_q4 and len(tensor.shape) == 2:
             kind = GGMLQuantizationType(tensor.tensor_type).name
             q4 = decode_gguf_q4(kind, tensor.data, int(tensor.shape[1]), int(tensor.shape[0]))
-        heads = {"q_proj.weight": config.num_heads, "k_proj.weight": config.num_kv_heads}.get(name.rsplit(".", 2)[-2] + ".weight")
+        heads = None  # q and k rows come in llama.cpp's RoPE order
+        if name.endswith("q_proj.weight"):
+            heads = config.num_heads
+        elif name.endswith("k_proj.weight"):
+            heads = config.num_kv_heads
         if heads is not None:
             w = unpermute_qk(w, heads)
             if q4 is not None:

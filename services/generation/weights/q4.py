@@ -30,10 +30,6 @@ class Q4Weight:
     scale: torch.Tensor  # [N, K / 32] fp32
     offset: torch.Tensor  # [N, K / 32] fp32
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(self.codes.shape)  # type: ignore[return-value]
-
     def dequantize(self) -> torch.Tensor:  # [N, K] fp32, the same values gguf.quants.dequantize gives
         n, k = self.codes.shape
         blocks = self.codes.view(n, k // GROUP, GROUP).float()
