@@ -87,6 +87,7 @@ class Engine:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_seq_id = 0
+        self._is_stalled = False  # the last step found nothing it could schedule
         self._wall_offset = time.time() - time.monotonic()
         self.grammars = GrammarRequests(runner, config.grammar, lambda *ready: self._commands.put(("grammar", *ready)))
 
@@ -137,10 +138,13 @@ class Engine:
         calls this; tests may call it directly on an engine that was never started."""
         out = StepOutput(step=self.num_steps)
         try:
-            has_work = not self.is_dead and self.scheduler.has_work()
+            # A step that could schedule nothing (every running request waits for its input or its
+            # grammar, and max_num_seqs keeps the queued ones out) waits for a command like an idle
+            # loop does, instead of spinning; the command that unblocks it also wakes it.
+            has_work = not self.is_dead and self.scheduler.has_work() and not self._is_stalled
             self._apply_commands(out, wait_s=0.0 if has_work else idle_wait_s)
             if not self.is_dead and self.scheduler.has_work():
-                self._step(out)
+                self._is_stalled = not self._step(out)
         except Exception as e:  # a crashed step: fail everyone, go NOT_SERVING
             self._die(e, out)
         self.stats.update(self)
@@ -229,7 +233,8 @@ class Engine:
         if seq is not None:
             self._finish(out, seq, FINISH_CANCELLED)
 
-    def _step(self, out: StepOutput) -> None:
+    def _step(self, out: StepOutput) -> bool:
+        """Schedule and run one step; False when nothing could be scheduled and nothing changed."""
         batch = self.scheduler.schedule()
         now = time.monotonic()
         for seq in batch.preempted:
@@ -238,7 +243,7 @@ class Engine:
             self._fail(out, seq, errors.resource_exhausted(
                 f"request {seq.key!r} needs more KV blocks than the pool has", "KV_CACHE_TOO_SMALL", None))
         if not batch:
-            return
+            return bool(batch.preempted or batch.unfittable)
         sampling = [seq.is_sampling_step(n) for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True)]
         for seq in batch.seqs:
             t = seq.timing
@@ -278,6 +283,7 @@ class Engine:
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 self._finish(out, seq, reason)
+        return True
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         if token in seq.params.stop_token_ids or (not seq.params.ignore_eos and token in self.runner.eos_token_ids):

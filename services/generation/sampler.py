@@ -113,7 +113,8 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
 
 
 def gather_logprobs(log_probs: torch.Tensor, tokens: torch.Tensor, top_n: list[int | None]) -> list:
-    """The sampled token's logprob and the top-n alternatives for each row that asked."""
+    """The sampled token's logprob and the top-n alternatives for each row that asked. Alternatives a
+    grammar ruled out (logprob -inf) are left out, so a constrained row may list fewer than n."""
     chosen = log_probs.gather(1, tokens[:, None]).squeeze(1).tolist()  # [S]
     k = max((n or 0) for n in top_n)
     top_values, top_ids = (log_probs.topk(k, dim=-1) if k else (None, None))
@@ -124,5 +125,6 @@ def gather_logprobs(log_probs: torch.Tensor, tokens: torch.Tensor, top_n: list[i
         if n is None:
             out.append(None)
         else:
-            out.append(TokenLogprobs(chosen[r], top_ids[r][:n] if n else [], top_values[r][:n] if n else []))
+            m = sum(1 for v in top_values[r][:n] if v != float("-inf")) if n else 0
+            out.append(TokenLogprobs(chosen[r], top_ids[r][:m], top_values[r][:m]))
     return out

@@ -33,6 +33,7 @@ from services.generation.grammar.constraint import (
     TOOL_CALLS,
     StructuredOutput,
 )
+from services.generation.grammar.json_schema import safe_schema_text
 from services.generation.weights.vocabulary import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ class GrammarCompiler:
     def _compile_one(self, c: StructuredOutput):
         compiler = self._compiler()
         if c.kind == JSON_SCHEMA:
-            return compiler.compile_json_schema(c.json_schema, any_whitespace=False, strict_mode=True)
+            return compiler.compile_json_schema(safe_schema_text(c.json_schema), any_whitespace=False, strict_mode=True)
         if c.kind == JSON_OBJECT:
             return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
         if c.kind == REGEX:
@@ -149,14 +150,15 @@ def _structural_tag(c: StructuredOutput) -> dict:
     calls = c.tool_calls
     tags = [
         {"type": "tag", "begin": t.begin, "end": t.end,
-         "content": {"type": "json_schema", "json_schema": json.loads(t.json_schema),
+         "content": {"type": "json_schema", "json_schema": json.loads(safe_schema_text(t.json_schema)),
                      "max_whitespace_cnt": _TOOL_ARGUMENT_WHITESPACE}}
         for t in calls.tags
     ]
-    return {"type": "structural_tag", "format": {
-        "type": "triggered_tags", "triggers": list(calls.triggers), "tags": tags,
-        "at_least_one": calls.require_call, "stop_after_first": not calls.parallel,
-    }}
+    if calls.require_call:  # calls only: no text before, between or after them
+        form = {"type": "tags_with_separator", "tags": tags, "separator": calls.separator, "at_least_one": True}
+    else:  # text until a trigger, then that call, then text again
+        form = {"type": "triggered_tags", "triggers": list(calls.triggers), "tags": tags, "at_least_one": False}
+    return {"type": "structural_tag", "format": form | {"stop_after_first": not calls.parallel}}
 
 
 def _clean(exc: BaseException) -> str:

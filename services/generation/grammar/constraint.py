@@ -10,11 +10,11 @@ six forms (``kind``):
 - ``regex``: text matching the regular expression (whole output, no anchors needed).
 - ``grammar``: text in the language of an EBNF grammar (GBNF, as llama.cpp; rule ``root``).
 - ``choice``: exactly one of the given strings.
-- ``tool_calls``: xgrammar's structural tags: free text, and wherever a trigger string starts, a
-  tool call ``begin + JSON arguments + end`` whose arguments follow that tool's schema. With
-  ``require_call`` the output is calls only (at least one): "required" or a named tool choice;
-  without it the model chooses between text and calls ("auto"). ``parallel=False`` ends the
-  output after the first call.
+- ``tool_calls``: xgrammar's structural tags. Without ``require_call`` ("auto"): free text, and
+  wherever a trigger string starts, a tool call ``begin + JSON arguments + end`` whose arguments
+  follow that tool's schema, then free text again. With ``require_call`` ("required", or a named
+  tool as the only tag): calls only, at least one, joined by ``separator``. ``parallel=False``
+  ends the output after the first call.
 
 Caps bound the work a constraint can cause before anything is compiled (sizes, nesting depth,
 counts); each failure names the field, like ``structured_output.choices[3]``.
@@ -59,6 +59,7 @@ class ToolCalls:
     triggers: tuple[str, ...]  # each tag's begin starts with exactly one trigger, e.g. "<tool_call>"
     require_call: bool = False  # True: calls only, at least one ("required", a named tool)
     parallel: bool = True  # False: the output ends after the first call
+    separator: str = "\n"  # between two calls when require_call
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,9 @@ class StructuredOutput:
         triggers: Sequence[str],
         require_call: bool = False,
         parallel: bool = True,
+        separator: str = "\n",
     ) -> StructuredOutput:
-        return cls(TOOL_CALLS, tool_calls=ToolCalls(tuple(tags), tuple(triggers), require_call, parallel))
+        return cls(TOOL_CALLS, tool_calls=ToolCalls(tuple(tags), tuple(triggers), require_call, parallel, separator))
 
     @property
     def cache_key(self) -> str:
@@ -109,7 +111,7 @@ class StructuredOutput:
         parts = [self.kind, self.json_schema, self.regex, self.grammar, list(self.choices)]
         if calls is not None:
             parts += [[[t.begin, t.json_schema, t.end] for t in calls.tags], list(calls.triggers),
-                      calls.require_call, calls.parallel]
+                      calls.require_call, calls.parallel, calls.separator]
         return hashlib.sha256(json.dumps(parts, ensure_ascii=False).encode()).hexdigest()
 
 
@@ -172,6 +174,8 @@ def _check_schema(text, field: str) -> int:
         schema = json.loads(text)
     except ValueError as e:
         raise ConstraintError(field, f"is not valid JSON ({e})") from None
+    except RecursionError:  # json's parser recurses: thousands of nested brackets end up here
+        raise ConstraintError(field, f"nests too deep to parse; the limit is {MAX_SCHEMA_DEPTH}") from None
     if not isinstance(schema, dict | bool):
         raise ConstraintError(field, f"must be a JSON object (or boolean), got {type(schema).__name__}")
     depth = _depth(schema)
@@ -201,6 +205,9 @@ def _check_tool_calls(calls) -> int:
     if not calls.triggers:
         raise ConstraintError(f"{field}.triggers", "must hold at least one trigger string")
     total = sum(_check_text(t, f"{field}.triggers[{i}]", MAX_TEXT_BYTES) for i, t in enumerate(calls.triggers))
+    if not isinstance(calls.separator, str):
+        raise ConstraintError(f"{field}.separator", "must be a string")
+    total += len(calls.separator.encode("utf-8", "surrogatepass"))
     for i, tag in enumerate(calls.tags):
         where = f"{field}.tags[{i}]"
         total += _check_text(tag.begin, f"{where}.begin", MAX_TEXT_BYTES)
