@@ -6,10 +6,13 @@ int32), then every disallowed logit becomes -inf, before penalties, logprobs and
 all samplers and the reported logprobs see the masked distribution. Rows whose grammar allows
 every token (fill returns False) and unconstrained rows are not touched.
 
-Applying on CPU: xgrammar's CPU kernel loops bit by bit (~0.3-0.6 ms per 49k-token row measured
-here). Here each bitmask byte indexes a [256, 8] table of "blocked" flags instead, so unpacking is
-one index_select and the mask one masked_fill_: ~4x faster on the same rows (docs/benchmarks-grammar.md).
-On CUDA the bitmask goes to the device and xgrammar's Triton kernel applies it.
+Applying on CPU, per row by what the mask looks like (docs/benchmarks-grammar.md): xgrammar's CPU
+kernel skips all-ones words and writes -inf token by token, so it is nearly free where almost
+everything is allowed (inside a JSON string) and ~4x slower than needed where almost everything is
+blocked (between JSON tokens). Rows with more than a quarter of their words all-zero go through a
+[256, 8] table of "blocked" flags instead: each bitmask byte indexes it, one index_select unpacks
+the row and one masked_fill_ applies it, at a cost independent of the mask. On CUDA the bitmask
+goes to the device and xgrammar's Triton kernel applies it.
 """
 
 from __future__ import annotations
@@ -58,13 +61,26 @@ class TokenMasks:
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
     """Set logits[r, v] = -inf where bit v of bitmask[r] is 0, for r in rows (in place)."""
+    import xgrammar as xgr
+
     vocab = logits.shape[1]
     if logits.device.type != "cpu":
-        import xgrammar as xgr
-
         xgr.apply_token_bitmask_inplace(logits, bitmask[: logits.shape[0]].to(logits.device, non_blocking=True),
                                         vocab_size=vocab, indices=rows)
         return
+    num_blocked_words = bitmask[rows].eq(0).sum(dim=1).tolist()
+    words = bitmask.shape[1]
+    dense = [r for r, n in zip(rows, num_blocked_words, strict=True) if 4 * n > words]
+    sparse = [r for r, n in zip(rows, num_blocked_words, strict=True) if 4 * n <= words]
+    if sparse:
+        xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=sparse, backend="cpu")
+    if dense:
+        apply_bitmask_by_table(logits, bitmask, dense)
+
+
+def apply_bitmask_by_table(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+    """apply_bitmask through the [256, 8] table (CPU), whatever the mask holds."""
+    vocab = logits.shape[1]
     packed = bitmask[rows].view(torch.uint8).reshape(-1).to(torch.int32)  # [R * words * 4]
     blocked = _BLOCKED.index_select(0, packed).view(len(rows), -1)[:, :vocab]  # [R, V]
     if len(rows) == logits.shape[0]:

@@ -33,7 +33,7 @@ from services.generation.grammar.constraint import (
     TOOL_CALLS,
     StructuredOutput,
 )
-from services.generation.grammar.json_schema import safe_schema_text
+from services.generation.grammar.json_schema import safe_json_grammar
 from services.generation.weights.vocabulary import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,11 @@ class GrammarCompiler:
                 self._in_flight[key] = future
             return future
 
+    def warm_up(self) -> Future:
+        """Import xgrammar and build its TokenizerInfo on the compile thread now (~1-2 s the first
+        time in a process), so the first structured request does not wait for them."""
+        return self._executor.submit(self._compiler)
+
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
@@ -116,19 +121,22 @@ class GrammarCompiler:
         return result
 
     def _compile_one(self, c: StructuredOutput):
+        import xgrammar as xgr
+
         compiler = self._compiler()
         if c.kind == JSON_SCHEMA:
-            return compiler.compile_json_schema(safe_schema_text(c.json_schema), any_whitespace=False, strict_mode=True)
-        if c.kind == JSON_OBJECT:
-            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
-        if c.kind == REGEX:
+            grammar = xgr.Grammar.from_json_schema(c.json_schema, any_whitespace=False, strict_mode=True)
+        elif c.kind == JSON_OBJECT:
+            grammar = xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
+        elif c.kind == TOOL_CALLS:
+            grammar = xgr.Grammar.from_structural_tag(json.dumps(_structural_tag(c)))
+        elif c.kind == REGEX:
             return compiler.compile_regex(c.regex)
-        if c.kind == GRAMMAR:
+        elif c.kind == GRAMMAR:
             return compiler.compile_grammar(c.grammar)
-        if c.kind == CHOICE:
-            # EBNF string literals take JSON's escapes (quotes, backslashes, \n, \uXXXX).
+        else:  # CHOICE: EBNF string literals take JSON's escapes (quotes, backslashes, \n, \uXXXX)
             return compiler.compile_grammar("root ::= " + " | ".join(json.dumps(s) for s in c.choices))
-        return compiler.compile_structural_tag(json.dumps(_structural_tag(c)))
+        return compiler.compile_grammar(safe_json_grammar(grammar))
 
     def _compiler(self):
         if self._xgr_compiler is None:
@@ -150,7 +158,7 @@ def _structural_tag(c: StructuredOutput) -> dict:
     calls = c.tool_calls
     tags = [
         {"type": "tag", "begin": t.begin, "end": t.end,
-         "content": {"type": "json_schema", "json_schema": json.loads(safe_schema_text(t.json_schema)),
+         "content": {"type": "json_schema", "json_schema": json.loads(t.json_schema),
                      "max_whitespace_cnt": _TOOL_ARGUMENT_WHITESPACE}}
         for t in calls.tags
     ]

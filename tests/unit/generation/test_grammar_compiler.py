@@ -7,7 +7,7 @@ import torch
 import xgrammar as xgr
 
 from services.common.errors import Code, MstarError
-from services.generation.grammar.bitmask import TokenMasks, apply_bitmask
+from services.generation.grammar.bitmask import TokenMasks, apply_bitmask, apply_bitmask_by_table
 from services.generation.grammar.cache import LruCache
 from services.generation.grammar.compiler import GrammarCompiler, GrammarConfig
 from services.generation.grammar.constraint import StructuredOutput
@@ -131,17 +131,29 @@ def test_control_and_padding_ids_are_never_allowed_and_eos_only_at_the_end():
     assert grammar.accept(EOS) and grammar.is_terminated and grammar.num_accepted == 3
 
 
-def test_lut_mask_equals_xgrammars_kernel_on_random_bitmasks_and_row_subsets():
+def bitmasks(rows: int, words: int, g: torch.Generator) -> dict:
+    """Masks as grammars make them: mostly allowed (in a string), mostly blocked (between tokens), noise."""
+    allowed = torch.full((rows, words), -1, dtype=torch.int32)
+    allowed[:, 1] = 0
+    blocked = torch.zeros((rows, words), dtype=torch.int32)
+    blocked[:, 2] = 12345
+    noise = torch.randint(-(2**31), 2**31 - 1, (rows, words), dtype=torch.int32, generator=g)
+    mixed = torch.cat([allowed[:2], blocked[2:4], noise[4:]])  # one call, both paths
+    return {"allowed": allowed, "blocked": blocked, "noise": noise, "mixed": mixed}
+
+
+def test_applying_a_bitmask_equals_xgrammars_reference_on_every_kind_of_mask_and_row_subset():
     g = torch.Generator().manual_seed(0)
     for vocab in (512, 49_152, 1000):  # 1000: the last int32 word is partly past the vocabulary
-        words = (vocab + 31) // 32
-        bitmask = torch.randint(-(2**31), 2**31 - 1, (5, words), dtype=torch.int32, generator=g)
-        logits = torch.randn(5, vocab, generator=g)
-        for rows in ([0, 1, 2, 3, 4], [1, 3], [4]):
-            expected, ours = logits.clone(), logits.clone()
-            xgr.apply_token_bitmask_inplace(expected, bitmask, indices=rows, backend="torch_native")
-            apply_bitmask(ours, bitmask, rows)
-            assert torch.equal(ours, expected), (vocab, rows)
+        for name, bitmask in bitmasks(5, (vocab + 31) // 32, g).items():
+            logits = torch.randn(5, vocab, generator=g)
+            for rows in ([0, 1, 2, 3, 4], [1, 3], [4]):
+                expected = logits.clone()
+                xgr.apply_token_bitmask_inplace(expected, bitmask, indices=rows, backend="torch_native")
+                for apply in (apply_bitmask, apply_bitmask_by_table):
+                    ours = logits.clone()
+                    apply(ours, bitmask, rows)
+                    assert torch.equal(ours, expected), (vocab, name, rows, apply.__name__)
 
 
 def test_a_grammar_with_no_token_for_its_next_character_is_a_dead_end():

@@ -7,7 +7,7 @@ import torch
 
 from kernels.dispatch import KernelOps
 from services.generation.grammar.compiler import GrammarCompiler
-from services.generation.grammar.constraint import StructuredOutput
+from services.generation.grammar.constraint import StructuredOutput, tool_call_tag
 from services.generation.grammar.matcher import SequenceGrammar
 from services.generation.sampler import Sampler
 from services.generation.sampling_params import SamplingParams
@@ -56,12 +56,19 @@ def test_only_grammar_tokens_are_drawn_and_eos_waits_for_the_end(compiled, sampl
             assert math.isclose(sum(math.exp(v) for v in lp.top_logprobs), 1.0, rel_tol=1e-5)
 
 
-def test_a_length_bounded_string_never_gets_a_raw_control_character():
+BOUNDED = {"type": "object", "properties": {"c": {"type": "string", "minLength": 1, "maxLength": 3}}, "required": ["c"]}
+CALL = '<tool_call>{"name": "f", "arguments": '
+
+
+@pytest.mark.parametrize("constraint, prefix", [
+    (StructuredOutput.from_json_schema(BOUNDED), '{"c": "'),
+    (StructuredOutput.for_tool_calls([tool_call_tag(CALL, BOUNDED, "}</tool_call>")], ["<tool_call>"], require_call=True),
+     CALL + '{"c": "'),
+], ids=["json_schema", "tool_calls"])
+def test_a_length_bounded_string_never_gets_a_raw_control_character(constraint, prefix):
     # xgrammar 0.2.9 alone lets TAB into a string with maxLength, which is no longer JSON.
-    compiler = GrammarCompiler(VOCAB, TINY.vocab_size, (EOS,))
-    so = StructuredOutput.from_json_schema({"type": "string", "minLength": 1, "maxLength": 3})
-    grammar = SequenceGrammar(compiler.submit(so).result(60), (EOS,))
-    assert grammar.accept(VOCAB.tokens.index('"'))
+    grammar = SequenceGrammar(GrammarCompiler(VOCAB, TINY.vocab_size, (EOS,)).submit(constraint).result(60), (EOS,))
+    assert grammar._matcher.accept_string(prefix)
     sampler = Sampler(KernelOps.create(torch.device("cpu")), torch.device("cpu"))
     logits = torch.zeros(1, TINY.vocab_size)
     logits[0, VOCAB.tokens.index("\t")] = 100.0

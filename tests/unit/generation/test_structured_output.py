@@ -324,3 +324,12 @@ def test_a_loop_whose_running_requests_all_wait_for_grammars_sleeps_instead_of_s
     release.set()
     texts, reasons, _, failed = run(engine, {})
     assert not failed and sorted(texts) == ["a", "b", "c"] and set(reasons.values()) == {"stop"}
+
+
+def test_compiles_and_cache_hits_are_in_the_engine_status(tiny_checkpoint):
+    engine = make_engine(tiny_checkpoint)
+    so = StructuredOutput.from_regex("[0-9]{2}")
+    run(engine, {"a": ([5], constrained(so))})
+    run(engine, {"b": ([6], constrained(so)), "c": ([7], constrained(StructuredOutput.from_regex("x")))})
+    status = engine.stats.snapshot()
+    assert (status["grammar_compiles"], status["grammar_cache_hits"], status["grammar_compiles_in_flight"]) == (2, 1, 0)

@@ -112,7 +112,7 @@ def engine():
     return make_engine(random_checkpoint(TINY, seed=0, std=0.02), num_blocks=512)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 @given(schema=SCHEMAS, seed=st.integers(0, 2**62), temperature=st.floats(0.5, 2.0))
 def test_every_output_of_a_random_schema_parses_and_validates(engine, schema, seed, temperature):
     assume(max_chars(schema) < MAX_TOKENS)
