@@ -4,13 +4,14 @@
                                       [--rounds 3] [--threads 1] [--no-write]
 
 Per model (the tiny random Llama with its synthetic 347-token vocabulary, and the default
-SmolLM2-135M with its 49,152-token byte-level vocabulary), in one process, rounds alternating:
+SmolLM2-135M with its 49,152-token byte-level vocabulary), in one process, two engines on two
+runners of the same weights, stepped in lockstep (one step each in turn, who goes first
+alternating) so that the shared box's changing load hits both alike:
 
 - free: B requests, seeded sampling (temperature 1), EOS ignored, N new tokens each;
 - json: the same prompts and seeds, each constrained by one JSON schema (a cache hit after the
   first round) whose strings have minimum lengths, so every request is still inside its document
-  after N tokens and both runs decode the same number of steps. Which of the two runs first
-  alternates between rounds.
+  after N tokens and both runs decode the same number of steps.
 
 Decode tok/s counts only the steps in which all B requests decoded one token (prefill excluded),
 and the ratio json / free is taken within a round. The mask overhead per step is what
@@ -62,31 +63,59 @@ def load(model: str):
     return load_checkpoint(model)
 
 
-def decode_round(runner: ModelRunner, batch: int, new_tokens: int, constrained: bool, vocab: int):
-    """(decode tok/s, fill ms per decode step, apply ms per decode step, free-rows check)."""
-    engine = Engine(runner, EngineConfig(num_blocks=runner.config.num_blocks, block_size=runner.config.block_size,
-                                         max_num_seqs=batch, max_num_batched_tokens=2048), on_step=lambda out: None)
-    so = StructuredOutput.from_json_schema(SCHEMA) if constrained else None
-    for i, prompt in enumerate(prompts(batch, 32)):
-        params = SamplingParams(temperature=1.0, seed=i, max_tokens=new_tokens, ignore_eos=True, structured_output=so)
-        engine.add_request(i, [t % vocab for t in prompt], params)
-    masks = runner.sampler.token_masks
-    steps, seconds, fill, apply = 0, 0.0, 0.0, 0.0
-    produced = 0
-    while engine.seqs or not engine._commands.empty():
-        before = (masks.fill_seconds, masks.apply_seconds)
+class Run:
+    """One engine on its own runner, stepped by the caller; counts its pure decode steps."""
+
+    def __init__(self, runner: ModelRunner, batch: int, new_tokens: int, constrained: bool):
+        self.runner, self.batch, self.new_tokens = runner, batch, new_tokens
+        config = EngineConfig(num_blocks=runner.config.num_blocks, block_size=runner.config.block_size,
+                              max_num_seqs=batch, max_num_batched_tokens=2048)
+        self.engine = Engine(runner, config, on_step=lambda out: None)
+        so = StructuredOutput.from_json_schema(SCHEMA) if constrained else None
+        for i, prompt in enumerate(prompts(batch, 32)):
+            params = SamplingParams(temperature=1.0, seed=i, max_tokens=new_tokens, ignore_eos=True,
+                                    structured_output=so)
+            self.engine.add_request(i, [t % runner.vocab_size for t in prompt], params)
+        self.steps, self.seconds, self.fill, self.apply, self.accept, self.produced = 0, 0.0, 0.0, 0.0, 0.0, 0
+
+    @property
+    def is_done(self) -> bool:
+        return not self.engine.seqs and self.engine._commands.empty()
+
+    def step(self) -> None:
+        masks = self.runner.sampler.token_masks
+        before = (masks.fill_seconds, masks.apply_seconds, self.engine.grammars.advance_seconds)
         start = time.perf_counter()
-        out = engine.run_once(0.01)
+        out = self.engine.run_once(0.01)
         dt = time.perf_counter() - start
-        produced += len(out.tokens)
-        if out.num_batched_tokens == batch and len(out.tokens) == batch:  # a pure decode step
-            steps, seconds = steps + 1, seconds + dt
-            fill += masks.fill_seconds - before[0]
-            apply += masks.apply_seconds - before[1]
         assert not out.failed, out.failed
-    assert produced == batch * new_tokens, "every request must run its N tokens"
-    engine.grammars.close()
-    return batch * steps / seconds, 1000 * fill / steps, 1000 * apply / steps
+        self.produced += len(out.tokens)
+        if out.num_batched_tokens == self.batch and len(out.tokens) == self.batch:  # a pure decode step
+            self.steps, self.seconds = self.steps + 1, self.seconds + dt
+            self.fill += masks.fill_seconds - before[0]
+            self.apply += masks.apply_seconds - before[1]
+            self.accept += self.engine.grammars.advance_seconds - before[2]
+
+    def result(self) -> tuple[float, float, float, float]:
+        """(decode tok/s, then ms per decode step: mask fill, mask apply, matchers accepting)."""
+        assert self.produced == self.batch * self.new_tokens, "every request must run its N tokens"
+        self.engine.grammars.close()
+        per_step = [1000 * x / self.steps for x in (self.fill, self.apply, self.accept)]
+        return (self.batch * self.steps / self.seconds, *per_step)
+
+
+def decode_round(runners: tuple[ModelRunner, ModelRunner], batch: int, new_tokens: int):
+    """Free and JSON runs in lockstep, one step each in turn (who goes first alternates), so a change
+    in the box's load hits both alike. Returns (free tok/s, json tok/s, fill, apply, accept ms/step)."""
+    free = Run(runners[0], batch, new_tokens, constrained=False)
+    constrained = Run(runners[1], batch, new_tokens, constrained=True)
+    turn = 0
+    while not (free.is_done and constrained.is_done):
+        for run in ((free, constrained) if turn % 2 == 0 else (constrained, free)):
+            if not run.is_done:
+                run.step()
+        turn += 1
+    return (free.result()[0], *constrained.result())
 
 
 def compile_latency(runner: ModelRunner) -> dict[str, float]:
@@ -150,26 +179,20 @@ def main() -> None:
     results = []
     for model in args.models:
         checkpoint = load(model)
-        runner = ModelRunner(checkpoint, RunnerConfig(num_blocks=1024, block_size=16, device="cpu",
-                                                      num_threads=args.threads))
-        vocab = runner.vocab_size
-        compiles = compile_latency(runner)
-        decode_round(runner, 4, 4, True, vocab)  # warm-up: both paths once
-        decode_round(runner, 4, 4, False, vocab)
+        runners = tuple(ModelRunner(checkpoint, RunnerConfig(num_blocks=1024, block_size=16, device="cpu",
+                                                             num_threads=args.threads)) for _ in range(2))
+        vocab = runners[0].vocab_size
+        compiles = compile_latency(runners[1])
+        decode_round(runners, 4, 4)  # warm-up: both paths once
         rounds = []
         for r in range(args.rounds):
-            if r % 2:  # which one runs first alternates: no order effect hides in the ratio
-                json_tps, fill, apply = decode_round(runner, args.batch, args.new_tokens, True, vocab)
-                free = decode_round(runner, args.batch, args.new_tokens, False, vocab)[0]
-            else:
-                free = decode_round(runner, args.batch, args.new_tokens, False, vocab)[0]
-                json_tps, fill, apply = decode_round(runner, args.batch, args.new_tokens, True, vocab)
-            rounds.append((free, json_tps, fill, apply))
+            free, json_tps, fill, apply, accept = decode_round(runners, args.batch, args.new_tokens)
+            rounds.append((free, json_tps, fill, apply, accept))
             print(f"{model} round {r}: free {free:.1f} tok/s, json {json_tps:.1f} tok/s ({json_tps / free:.2f}x), "
-                  f"mask fill {fill:.2f} ms + apply {apply:.2f} ms per step", flush=True)
+                  f"mask fill {fill:.2f} ms + apply {apply:.2f} ms + accept {accept:.2f} ms per step", flush=True)
         kernels = apply_kernels(args.batch, vocab)
-        results.append((model, len(runner.vocabulary), vocab, rounds, compiles, kernels))
-        del runner
+        results.append((model, len(runners[0].vocabulary), vocab, rounds, compiles, kernels))
+        del runners
     section = render(args, results)
     print(section)
     if not args.no_write:
@@ -181,15 +204,16 @@ def render(args, results) -> str:
              f"{args.new_tokens} --rounds {args.rounds} --threads {args.threads}`.", "",
              f"Machine: {machine(torch.device('cpu'))}.", "",
              f"### Decode, {args.batch} concurrent requests, seeded sampling", "",
-             "| model (vocabulary / logits) | round | free tok/s | JSON-schema tok/s | ratio | mask fill ms/step "
-             "| mask apply ms/step | free step ms |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| model (vocabulary / logits) | round | free tok/s | JSON-schema tok/s | ratio | free step ms "
+             "| mask fill ms/step | mask apply ms/step | accept ms/step |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for model, vocab, width, rounds, _, _ in results:
-        for r, (free, json_tps, fill, apply) in enumerate(rounds):
+        for r, (free, json_tps, fill, apply, accept) in enumerate(rounds):
             lines.append(f"| {model} ({vocab:,} / {width:,}) | {r} | {free:.1f} | {json_tps:.1f} | "
-                         f"{json_tps / free:.2f}x | {fill:.2f} | {apply:.2f} | {1000 * args.batch / free:.1f} |")
-        ratio = statistics.median(j / f for f, j, _, _ in rounds)
-        lines.append(f"| **{model}** | median | | | **{ratio:.2f}x** | | | |")
+                         f"{json_tps / free:.2f}x | {1000 * args.batch / free:.1f} | {fill:.2f} | {apply:.2f} | "
+                         f"{accept:.2f} |")
+        ratio = statistics.median(row[1] / row[0] for row in rounds)
+        lines.append(f"| **{model}** | median | | | **{ratio:.2f}x** | | | | |")
     lines += ["", "### Compile latency (ms, one compile thread, xgrammar max_threads=1)", "",
               "| model | " + " | ".join(results[0][4]) + " |", "|---|" + "---:|" * len(results[0][4])]
     for model, _, _, _, compiles, _ in results:

@@ -44,11 +44,11 @@ class TokenMasks:
         self.fill_seconds += filled - start
         if not rows:
             return
-        allowed_any = bitmask[rows].ne(0).any(dim=1).tolist()
-        for row, ok in zip(rows, allowed_any, strict=True):
-            if not ok:
+        num_blocked_words = bitmask[rows].eq(0).sum(dim=1).tolist()
+        for row, n in zip(rows, num_blocked_words, strict=True):
+            if n == bitmask.shape[1]:  # not one token allowed
                 grammars[row].is_dead_end = True
-        apply_bitmask(logits, bitmask, rows)
+        apply_bitmask(logits, bitmask, rows, num_blocked_words)
         self.num_masked_rows += len(rows)
         self.apply_seconds += time.perf_counter() - filled
 
@@ -59,8 +59,9 @@ class TokenMasks:
         return self._bitmask
 
 
-def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
-    """Set logits[r, v] = -inf where bit v of bitmask[r] is 0, for r in rows (in place)."""
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int], num_blocked_words=None) -> None:
+    """Set logits[r, v] = -inf where bit v of bitmask[r] is 0, for r in rows (in place).
+    num_blocked_words: per row of rows, its all-zero int32 words (counted here when not given)."""
     import xgrammar as xgr
 
     vocab = logits.shape[1]
@@ -68,7 +69,8 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) 
         xgr.apply_token_bitmask_inplace(logits, bitmask[: logits.shape[0]].to(logits.device, non_blocking=True),
                                         vocab_size=vocab, indices=rows)
         return
-    num_blocked_words = bitmask[rows].eq(0).sum(dim=1).tolist()
+    if num_blocked_words is None:
+        num_blocked_words = bitmask[rows].eq(0).sum(dim=1).tolist()
     words = bitmask.shape[1]
     dense = [r for r, n in zip(rows, num_blocked_words, strict=True) if 4 * n > words]
     sparse = [r for r, n in zip(rows, num_blocked_words, strict=True) if 4 * n <= words]

@@ -8,6 +8,7 @@ and the loop calls ``attach`` for the request, if it is still the same one.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 
@@ -27,6 +28,7 @@ class GrammarRequests:
         self.compiler = (GrammarCompiler(vocabulary, runner.vocab_size, self.eos_token_ids, config)
                          if vocabulary is not None else None)
         self._wake = wake
+        self.advance_seconds = 0.0  # cumulative time matchers spent accepting sampled tokens
 
     def check(self, params: SamplingParams) -> errors.MstarError | None:
         """Admission: INVALID_ARGUMENT naming the bad part, or why this server cannot constrain."""
@@ -66,7 +68,10 @@ class GrammarRequests:
 
     def advance(self, seq: Sequence, token: int) -> errors.MstarError | None:
         """Move seq's matcher past its sampled token (the mask let only acceptable ones through)."""
-        if seq.grammar.accept(token):
+        start = time.perf_counter()
+        accepted = seq.grammar.accept(token)
+        self.advance_seconds += time.perf_counter() - start
+        if accepted:
             return None
         if seq.grammar.is_dead_end:
             return errors.invalid_argument(
