@@ -28,9 +28,8 @@ _BLOCKED = ((torch.arange(256, dtype=torch.int32)[:, None] >> torch.arange(8, dt
 class TokenMasks:
     def __init__(self):
         self._bitmask: torch.Tensor | None = None  # [rows, words] int32 on CPU, grown on demand
-        self.fill_seconds = 0.0  # cumulative, for benchmarks and metrics
+        self.fill_seconds = 0.0  # cumulative (bench/grammar.py reads them)
         self.apply_seconds = 0.0
-        self.num_masked_rows = 0
 
     def apply(self, logits: torch.Tensor, grammars: list) -> None:
         """logits [S, V] fp32; grammars[i] is row i's SequenceGrammar or None (unconstrained)."""
@@ -49,7 +48,6 @@ class TokenMasks:
             if n == bitmask.shape[1]:  # not one token allowed
                 grammars[row].is_dead_end = True
         apply_bitmask(logits, bitmask, rows, num_blocked_words)
-        self.num_masked_rows += len(rows)
         self.apply_seconds += time.perf_counter() - filled
 
     def _buffer(self, num_rows: int, vocab_size: int) -> torch.Tensor:

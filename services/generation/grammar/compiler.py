@@ -66,7 +66,6 @@ class GrammarCompiler:
         self.config = config or GrammarConfig()
         self.cache = LruCache(self.config.cache_entries, self.config.cache_bytes)
         self.num_compiles = 0
-        self.compile_seconds = 0.0
         self._in_flight: dict[str, Future] = {}
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
@@ -111,7 +110,6 @@ class GrammarCompiler:
         seconds = time.perf_counter() - start
         with self._lock:
             self.num_compiles += 1
-            self.compile_seconds += seconds
             self.cache.put(key, result, size)
             del self._in_flight[key]
         log.debug("grammar compiled", extra={"kind": constraint.kind, "ms": round(seconds * 1000, 1),

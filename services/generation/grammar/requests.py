@@ -8,6 +8,7 @@ and the loop calls ``attach`` for the request, if it is still the same one.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
@@ -19,11 +20,17 @@ from services.generation.grammar.matcher import SequenceGrammar
 from services.generation.sampling_params import SamplingParams
 from services.generation.sequence import Sequence
 
+log = logging.getLogger(__name__)
+
 
 class GrammarRequests:
     def __init__(self, runner, config: GrammarConfig, wake: Callable[[Hashable, int, Future], None]):
         """runner: vocab_size, eos_token_ids and vocabulary (None: structured output is refused)."""
         vocabulary = getattr(runner, "vocabulary", None)
+        if vocabulary is not None and len(vocabulary) > runner.vocab_size:
+            log.warning("structured output is off: the vocabulary has more tokens than the model has logits",
+                        extra={"vocabulary": len(vocabulary), "logits": runner.vocab_size})
+            vocabulary = None
         self.eos_token_ids = tuple(runner.eos_token_ids)
         self.compiler = (GrammarCompiler(vocabulary, runner.vocab_size, self.eos_token_ids, config)
                          if vocabulary is not None else None)

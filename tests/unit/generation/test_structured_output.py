@@ -20,6 +20,7 @@ from services.generation.grammar.constraint import StructuredOutput
 from services.generation.null_runner import NullRunner
 from services.generation.sampling_params import SamplingParams
 from services.generation.weights.random_init import TINY, random_checkpoint
+from services.generation.weights.vocabulary import RAW, Vocabulary
 
 PERSON = {
     "type": "object",
@@ -188,12 +189,14 @@ def test_bad_constraints_are_refused_at_admission_naming_the_field(tiny_checkpoi
     assert engine.grammars.compiler.num_compiles == 0
 
 
-def test_without_a_vocabulary_structured_output_is_unavailable():
-    engine = Engine(NullRunner(), EngineConfig(), on_step=lambda out: None)
-    engine.add_request("a", [1, 2], constrained(StructuredOutput.from_regex("a")))
-    out = engine.run_once()
-    assert out.failed[0].error.reason == "STRUCTURED_OUTPUT_UNAVAILABLE"
-    assert out.failed[0].error.code == Code.FAILED_PRECONDITION
+def test_without_a_usable_vocabulary_structured_output_is_unavailable(tiny_checkpoint):
+    too_long = Vocabulary(tuple(f"t{i}" for i in range(TINY.vocab_size + 1)), RAW, frozenset())
+    for runner in (NullRunner(), make_engine(dataclasses.replace(tiny_checkpoint, vocabulary=too_long)).runner):
+        engine = Engine(runner, EngineConfig(), on_step=lambda out: None)
+        engine.add_request("a", [1, 2], constrained(StructuredOutput.from_regex("a")))
+        out = engine.run_once()
+        assert out.failed[0].error.reason == "STRUCTURED_OUTPUT_UNAVAILABLE"
+        assert out.failed[0].error.code == Code.FAILED_PRECONDITION
 
 
 def hold_compiles(engine: Engine, monkeypatch) -> threading.Event:
