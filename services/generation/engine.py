@@ -7,6 +7,12 @@ loop thread (the servicer forwards it to asyncio with call_soon_threadsafe). Eve
 with exactly one Completion (finished or cancelled) or Failure, except keys that were never known.
 If a step raises, every in-flight request fails with UNAVAILABLE, ``on_dead`` is called once, and
 the loop keeps answering commands (new requests fail fast) until stopped.
+
+Structured output (SamplingParams.structured_output): the constraint is validated at admission and
+compiled by grammar/compiler.py on its own thread; the request prefills meanwhile but does not
+sample until the compile is done (a "grammar" command wakes the loop). Then each sampled token
+advances its matcher; the grammar accepting a stop token (or completing, when the model has none)
+finishes the request with reason stop. See docs/design.md "Structured output".
 """
 
 from __future__ import annotations
@@ -17,10 +23,13 @@ import random
 import threading
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 
 from services.common import errors
 from services.generation.block_manager import BlockManager
+from services.generation.grammar.compiler import GrammarConfig
+from services.generation.grammar.requests import GrammarRequests
 from services.generation.outputs import (
     FINISH_CANCELLED,
     FINISH_LENGTH,
@@ -48,6 +57,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     idle_wait_s: float = 0.05  # how long an idle loop sleeps between checks for stop
+    grammar: GrammarConfig = field(default_factory=GrammarConfig)
 
 
 class Engine:
@@ -58,7 +68,8 @@ class Engine:
         on_step: Callable[[StepOutput], None],
         on_dead: Callable[[BaseException], None] | None = None,
     ):
-        """runner: ModelRunner or NullRunner (vocab_size, eos_token_ids, max_model_len, run, clear_blocks)."""
+        """runner: ModelRunner or NullRunner (vocab_size, eos_token_ids, max_model_len, vocabulary, run,
+        clear_blocks). Without a vocabulary, structured output is refused (STRUCTURED_OUTPUT_UNAVAILABLE)."""
         self.runner = runner
         self.config = config
         self.block_manager = BlockManager(config.num_blocks, config.block_size)
@@ -76,7 +87,9 @@ class Engine:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_seq_id = 0
+        self._is_stalled = False  # the last step found nothing it could schedule
         self._wall_offset = time.time() - time.monotonic()
+        self.grammars = GrammarRequests(runner, config.grammar, lambda *ready: self._commands.put(("grammar", *ready)))
 
     # -- thread-safe API ----------------------------------------------------------------------
 
@@ -110,6 +123,7 @@ class Engine:
         self._commands.put(("wake",))
         if self._thread is not None:
             self._thread.join(timeout)
+        self.grammars.close()
 
     # -- loop thread ----------------------------------------------------------------------------
 
@@ -124,10 +138,13 @@ class Engine:
         calls this; tests may call it directly on an engine that was never started."""
         out = StepOutput(step=self.num_steps)
         try:
-            has_work = not self.is_dead and self.scheduler.has_work()
+            # A step that could schedule nothing (every running request waits for its input or its
+            # grammar, and max_num_seqs keeps the queued ones out) waits for a command like an idle
+            # loop does, instead of spinning; the command that unblocks it also wakes it.
+            has_work = not self.is_dead and self.scheduler.has_work() and not self._is_stalled
             self._apply_commands(out, wait_s=0.0 if has_work else idle_wait_s)
             if not self.is_dead and self.scheduler.has_work():
-                self._step(out)
+                self._is_stalled = not self._step(out)
         except Exception as e:  # a crashed step: fail everyone, go NOT_SERVING
             self._die(e, out)
         self.stats.update(self)
@@ -146,6 +163,8 @@ class Engine:
                 self._append(out, *args)
             elif kind == "abort":
                 self._abort(out, *args)
+            elif kind == "grammar":
+                self._grammar_ready(out, *args)
             elif kind == "fail_all":
                 for seq in list(self.seqs.values()):
                     self._fail(out, seq, args[0])
@@ -169,17 +188,28 @@ class Engine:
             return
         message = validate_sampling_params(params, self.runner.vocab_size)
         error = errors.invalid_argument("sampling", message) if message else None
+        error = error or self.grammars.check(params)
         error = error or check_prompt_tokens(token_ids, len(token_ids), self.runner, self.block_manager)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         seq = Sequence(key, self._next_seq_id, token_ids, params, seed, Timing(arrival, arrival), input_done)
         if error is None and input_done:
             error = check_input_end(seq, self.runner, self.block_manager)
+        if error is None and params.structured_output is not None:
+            error = self.grammars.start(seq)
         if error is not None:
             self._reject(out, key, error)
             return
         self._next_seq_id += 1
         self.seqs[key] = seq
         self.scheduler.add(seq)
+
+    def _grammar_ready(self, out: StepOutput, key: Hashable, seq_id: int, future: Future) -> None:
+        seq = self.seqs.get(key)
+        if seq is None or seq.seq_id != seq_id:
+            return  # aborted or failed meanwhile (the key may even be reused by a newer request)
+        error = self.grammars.attach(seq, future)
+        if error is not None:
+            self._fail(out, seq, error)
 
     def _append(self, out, key, token_ids, input_done: bool, when: float) -> None:
         seq = self.seqs.get(key)
@@ -203,7 +233,8 @@ class Engine:
         if seq is not None:
             self._finish(out, seq, FINISH_CANCELLED)
 
-    def _step(self, out: StepOutput) -> None:
+    def _step(self, out: StepOutput) -> bool:
+        """Schedule and run one step; False when nothing could be scheduled and nothing changed."""
         batch = self.scheduler.schedule()
         now = time.monotonic()
         for seq in batch.preempted:
@@ -212,7 +243,7 @@ class Engine:
             self._fail(out, seq, errors.resource_exhausted(
                 f"request {seq.key!r} needs more KV blocks than the pool has", "KV_CACHE_TOO_SMALL", None))
         if not batch:
-            return
+            return bool(batch.preempted or batch.unfittable)
         sampling = [seq.is_sampling_step(n) for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True)]
         for seq in batch.seqs:
             t = seq.timing
@@ -240,6 +271,10 @@ class Engine:
                     f"request {seq.key!r}: the model produced non-finite logits", "NON_FINITE_LOGITS"))
                 continue
             token = result.token_ids[r]
+            error = self.grammars.advance(seq, token) if seq.grammar is not None else None
+            if error is not None:
+                self._fail(out, seq, error)
+                continue
             seq.append_output(token)
             seq.timing.first_token = seq.timing.first_token or done
             seq.timing.last_token = done
@@ -248,10 +283,13 @@ class Engine:
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 self._finish(out, seq, reason)
+        return True
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         if token in seq.params.stop_token_ids or (not seq.params.ignore_eos and token in self.runner.eos_token_ids):
             return FINISH_STOP
+        if seq.grammar is not None and seq.grammar.is_terminated:
+            return FINISH_STOP  # the grammar ended (even with ignore_eos: it allows nothing else)
         if seq.num_output_tokens >= seq.max_tokens or len(seq) >= self.runner.max_model_len:
             return FINISH_LENGTH
         return None

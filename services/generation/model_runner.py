@@ -60,6 +60,7 @@ class ModelRunner:
     def __init__(self, checkpoint: Checkpoint, config: RunnerConfig):
         self.config = config
         self.model_config = checkpoint.config
+        self.vocabulary = checkpoint.vocabulary  # for structured output (the engine's grammar compiler)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device, config.quantization)
         q4 = self._q4_weights(checkpoint, config.quantization)

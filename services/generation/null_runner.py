@@ -19,6 +19,7 @@ class NullRunner:
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.eos_token_ids: tuple[int, ...] = ()
+        self.vocabulary = None  # no structured output without a model
         self.step_time_s = step_time_s
         self.token_id = token_id
 

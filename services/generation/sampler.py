@@ -3,12 +3,14 @@
 Per row (one per sequence that samples this step), in order:
   1. rows with non-finite logits are reported and given a harmless placeholder token; the engine
      fails exactly those requests (their batch-mates are unaffected: every op here is row-wise);
-  2. logprobs (when asked): log_softmax of the model's logits, the sampled token's value and the
+  2. rows with a structured-output grammar: every token the grammar does not allow next gets -inf
+     (grammar/bitmask.py), so everything below, logprobs included, sees the masked distribution;
+  3. logprobs (when asked): log_softmax of the (masked) logits, the sampled token's value and the
      top-n, before penalties and temperature, as vLLM reports them;
-  3. penalties on the logits: repetition (CTRL/HF: divide positive logits, multiply negative ones,
+  4. penalties on the logits: repetition (CTRL/HF: divide positive logits, multiply negative ones,
      for tokens in prompt or output), frequency (minus f * count in output) and presence (minus p
      once if in output);
-  4. KernelOps.sample: temperature, top-k, top-p, min-p and a seeded Gumbel-max draw whose noise is
+  5. KernelOps.sample: temperature, top-k, top-p, min-p and a seeded Gumbel-max draw whose noise is
      a pure function of (seed, index of the output token, vocab index), so a seeded request gives
      the same tokens alone, in any batch, and after a preemption.
 """
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.dispatch import KernelOps
+from services.generation.grammar.bitmask import TokenMasks
 from services.generation.sequence import Sequence
 
 
@@ -41,6 +44,7 @@ class Sampler:
     def __init__(self, ops: KernelOps, device: torch.device):
         self.ops = ops
         self.device = device
+        self.token_masks = TokenMasks()
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleOutput:
         """logits [S, V] fp32, one row per sequence in seqs."""
@@ -48,6 +52,9 @@ class Sampler:
         is_finite = finite.tolist()
         if not all(is_finite):
             logits = torch.where(finite[:, None], logits, torch.zeros((), device=logits.device))
+        grammars = [s.grammar for s in seqs]
+        if any(g is not None for g in grammars):
+            self.token_masks.apply(logits, grammars)
         params = [s.params for s in seqs]
         want_logprobs = [p.logprobs is not None for p in params]
         log_probs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None  # [S, V]
@@ -106,7 +113,8 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
 
 
 def gather_logprobs(log_probs: torch.Tensor, tokens: torch.Tensor, top_n: list[int | None]) -> list:
-    """The sampled token's logprob and the top-n alternatives for each row that asked."""
+    """The sampled token's logprob and the top-n alternatives for each row that asked. Alternatives a
+    grammar ruled out (logprob -inf) are left out, so a constrained row may list fewer than n."""
     chosen = log_probs.gather(1, tokens[:, None]).squeeze(1).tolist()  # [S]
     k = max((n or 0) for n in top_n)
     top_values, top_ids = (log_probs.topk(k, dim=-1) if k else (None, None))
@@ -117,5 +125,6 @@ def gather_logprobs(log_probs: torch.Tensor, tokens: torch.Tensor, top_n: list[i
         if n is None:
             out.append(None)
         else:
-            out.append(TokenLogprobs(chosen[r], top_ids[r][:n] if n else [], top_values[r][:n] if n else []))
+            m = sum(1 for v in top_values[r][:n] if v != float("-inf")) if n else 0
+            out.append(TokenLogprobs(chosen[r], top_ids[r][:m], top_values[r][:m]))
     return out

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from services.generation.grammar.constraint import StructuredOutput
+
 MAX_LOGPROBS = 20  # top-n alternatives per token; bounded so a request cannot ask for a [V] list
 
 
@@ -26,6 +28,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # None = no logprobs; n = the sampled token's logprob + top n
+    # None = free text; else the output must match this grammar (grammar/constraint.py). It is
+    # checked by the engine (validate_structured_output), which names the offending part.
+    structured_output: StructuredOutput | None = None
 
     @property
     def has_penalties(self) -> bool:

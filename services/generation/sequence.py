@@ -5,7 +5,10 @@ A sequence's tokens are its prompt followed by its output. Its KV cache covers t
 (ClientAppend) and decode alike: each step computes some of the not-yet-computed tokens, and when
 a step reaches the last token of a sequence whose input has ended, a new token is sampled. While
 the input is still streaming, the last prompt token is held back, so the step that sees the end
-of the input has a token left to compute and produces the first output at once.
+of the input has a token left to compute and produces the first output at once. The same hold-back
+keeps a structured-output request from sampling while its grammar compiles: its prompt prefills,
+its batch-mates keep stepping, and its first token is sampled in the first step after the grammar
+is ready.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 from services.generation.sampling_params import SamplingParams
 
@@ -55,6 +59,10 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)  # hashes of its full, computed blocks
     status: SequenceStatus = SequenceStatus.WAITING
     warnings: list[str] = field(default_factory=list)
+    # Structured output: grammar/matcher.SequenceGrammar once compiled (typed Any: this module stays
+    # torch- and xgrammar-free); is_waiting_for_grammar while the compile runs.
+    grammar: Any = None
+    is_waiting_for_grammar: bool = False
 
     def __post_init__(self):
         self.num_prompt_tokens = len(self.token_ids)
@@ -76,9 +84,9 @@ class Sequence:
 
     @property
     def num_schedulable_tokens(self) -> int:
-        """Tokens a step could compute now (the last prompt token waits for the input's end)."""
+        """Tokens a step could compute now (the last token waits for the input's end and the grammar)."""
         n = len(self.token_ids) - self.num_computed_tokens
-        if not self.is_input_done:
+        if not self.is_input_done or self.is_waiting_for_grammar:
             n -= 1
         return max(n, 0)
 

@@ -23,6 +23,9 @@ KINDS = {
     "requests_failed": COUNTER,
     "generated_tokens": COUNTER,
     "batched_tokens": COUNTER,
+    "grammar_compiles_in_flight": GAUGE,  # structured-output grammars being compiled now
+    "grammar_compiles": COUNTER,  # compiles done (cache misses), failed ones included
+    "grammar_cache_hits": COUNTER,  # constraints served by an already compiled grammar
 }
 
 
@@ -55,6 +58,11 @@ class EngineStats:
             "generated_tokens": self.num_generated_tokens,
             "batched_tokens": self.num_batched_tokens_total,
         }
+        compiler = engine.grammars.compiler
+        if compiler is not None:
+            self._snapshot |= {"grammar_compiles_in_flight": compiler.num_in_flight,
+                               "grammar_compiles": compiler.num_compiles,
+                               "grammar_cache_hits": compiler.cache.num_hits}
 
     def snapshot(self) -> dict[str, float]:
         return self._snapshot

@@ -8,6 +8,7 @@ import torch
 
 from services.generation.models.config import LlamaConfig
 from services.generation.weights.q4 import Q4Weight
+from services.generation.weights.vocabulary import Vocabulary
 
 
 @dataclass
@@ -19,3 +20,6 @@ class Checkpoint:
     # GGUF only, when asked for (load_checkpoint(keep_q4=True)): the 4-bit linear weights as the
     # file stores them, same names and layout as state_dict (which still holds them dequantized).
     q4: dict[str, Q4Weight] = field(default_factory=dict)
+    # What each token id spells (GGUF tokenizer metadata or tokenizer.json), for structured output;
+    # None when the checkpoint carries no vocabulary the grammar library can read.
+    vocabulary: Vocabulary | None = None

@@ -16,6 +16,7 @@ import torch
 from services.generation.models.config import CheckpointError, LlamaConfig, check_state_dict
 from services.generation.weights.checkpoint import Checkpoint
 from services.generation.weights.q4 import Q4Weight, decode_gguf_q4
+from services.generation.weights.vocabulary import vocabulary_from_gguf
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -155,4 +156,5 @@ def load_gguf(path: str, keep_q4: bool = False) -> Checkpoint:
             quantized[name] = q4
     check_state_dict(config, state_dict, path)
     name = _field(reader, "general.name", required=False) or os.path.basename(path)
-    return Checkpoint(name=str(name), source=path, config=config, state_dict=state_dict, q4=quantized)
+    return Checkpoint(name=str(name), source=path, config=config, state_dict=state_dict, q4=quantized,
+                      vocabulary=vocabulary_from_gguf(reader))

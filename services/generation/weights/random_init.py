@@ -14,6 +14,7 @@ import torch
 
 from services.generation.models.config import LlamaConfig
 from services.generation.weights.checkpoint import Checkpoint
+from services.generation.weights.vocabulary import RAW, Vocabulary
 
 TINY = LlamaConfig(
     vocab_size=512,
@@ -32,6 +33,28 @@ TINY = LlamaConfig(
 )
 
 
+# A synthetic vocabulary for random models, so structured output runs on them: the ids of TINY's
+# bos/eos are control tokens, every printable ASCII character is a token (any JSON text can be
+# spelled), and multi-character pieces let one step emit several characters, like a real BPE.
+_CONTROL = ("<unk>", "<s>", "</s>")
+_PIECES = (
+    [chr(c) for c in range(32, 127)] + ["\n", "\t"]
+    + ['{"', '"}', '":', '": ', '", "', ', "', '"]', '["', "[]", "{}", "},", "}]", "}, {", "true", "false", "null",
+       "tr", "ue", "fal", "se", "nu", "ll", "0.", ".5", "e+", "e-", "-1", '\\"', "\\n", "\\\\", "\\u00",
+       "name", "age", "id", "city", "type", "value", "items", "<tool_call>", "</tool_call>", "arguments",
+       "é", "ü", "ß", "Ω", "→", "日本", "语", "😀"]
+    + [f"{i:02d}" for i in range(100)]
+    + [a + b for a in "etaoinsrh" for b in "etaoinsrhl"]
+    + [" " + w for w in ("the", "a", "of", "to", "and", "in", "is", "it", "yes", "no")]
+)
+
+
+def synthetic_vocabulary(vocab_size: int) -> Vocabulary:
+    """Up to vocab_size - 12 tokens (the last ids stay unused, like a padded embedding)."""
+    tokens = (_CONTROL + tuple(dict.fromkeys(_PIECES)))[: max(len(_CONTROL), vocab_size - 12)]
+    return Vocabulary(tokens, RAW, frozenset(range(len(_CONTROL))))
+
+
 def random_checkpoint(config: LlamaConfig = TINY, seed: int = 0, std: float = 0.3) -> Checkpoint:
     """Weights ~ N(0, std) (norm weights ~ 1 + noise): peaked enough that greedy argmax is stable."""
     g = torch.Generator().manual_seed(seed)
@@ -41,7 +64,8 @@ def random_checkpoint(config: LlamaConfig = TINY, seed: int = 0, std: float = 0.
             state_dict[name] = 1.0 + 0.1 * torch.randn(shape, generator=g)
         else:
             state_dict[name] = std * torch.randn(shape, generator=g)
-    return Checkpoint(name="random-llama", source="random", config=config, state_dict=state_dict)
+    return Checkpoint(name="random-llama", source="random", config=config, state_dict=state_dict,
+                      vocabulary=synthetic_vocabulary(config.vocab_size))
 
 
 def save_hf_dir(checkpoint: Checkpoint, directory: str) -> str:

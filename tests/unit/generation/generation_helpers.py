@@ -12,14 +12,15 @@ def make_engine(checkpoint, num_blocks=64, block_size=4, max_num_seqs=32, max_nu
     return Engine(runner, config, on_step=lambda out: None)
 
 
-def drive(engine: Engine, max_steps: int = 10_000):
-    """Run the engine on this thread until every request ended; collect what it reported."""
+def drive(engine: Engine, max_steps: int = 10_000, idle_wait_s: float = 0.0):
+    """Run the engine on this thread until every request ended; collect what it reported.
+    idle_wait_s: how long an iteration without work waits for a command (a compiled grammar)."""
     tokens: dict = {}
     completed: dict = {}
     failed: dict = {}
     steps = []
     for _ in range(max_steps):
-        out = engine.run_once()
+        out = engine.run_once(idle_wait_s)
         steps.append(out)
         for t in out.tokens:
             tokens.setdefault(t.key, []).append(t.token_id)

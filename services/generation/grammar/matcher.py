@@ -1,0 +1,38 @@
+"""One sequence's position in its grammar: which tokens may come next, advanced on each sampled token.
+
+The matcher advances only on tokens the engine samples, once each, and never on tokens the model
+merely recomputes: a preempted sequence re-prefills its prompt and output, but its matcher has
+already accepted that output and stays where it is. So ``num_accepted`` equals the number of
+output tokens at every step, preempted or not.
+
+Stop tokens: the model's EOS ids and the request's stop_token_ids are allowed only where the
+grammar may end, and accepting one terminates the matcher. A vocabulary without any stop token
+terminates the matcher as soon as the grammar is complete.
+"""
+
+from __future__ import annotations
+
+
+class SequenceGrammar:
+    def __init__(self, compiled_grammar, stop_token_ids):
+        import xgrammar as xgr
+
+        stops = sorted(set(stop_token_ids))
+        self._matcher = xgr.GrammarMatcher(
+            compiled_grammar, override_stop_tokens=stops or None, terminate_without_stop_token=not stops)
+        self.num_accepted = 0
+        self.is_dead_end = False  # set by a fill that allowed no token at all
+
+    def fill(self, bitmask, row: int) -> bool:
+        """Write the allowed next tokens into bitmask[row]; False when every token is allowed."""
+        return self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    def accept(self, token_id: int) -> bool:
+        if not self._matcher.accept_token(token_id):
+            return False
+        self.num_accepted += 1
+        return True
+
+    @property
+    def is_terminated(self) -> bool:
+        return self._matcher.is_terminated()
