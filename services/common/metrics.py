@@ -6,9 +6,9 @@ listed in docs/metrics.md; keep the two in step. Labels are low-cardinality enum
 request ids (those go to the JSON log line written at completion).
 
     gen = GenerationMetrics()                    pre = PreprocessMetrics()
-    gen.on_step(...)          # every step       pre.on_admission_rejected("queue_full")
-    gen.on_request_finished(completion)          pre.on_request_done(request_id, clock, ...)
-    gen.on_request_failed("INVALID_ARGUMENT")    pre.on_conductor_status(status_pb)
+    gen.on_engine_output(step_output, engine)    pre.on_admission_rejected("OVERLOADED")
+    # (engine thread, every step)                async for e in pre.observe(events, rid, rpc="Generate"): ...
+                                                 pre.on_conductor_status(status_pb)
     start_metrics_server("0.0.0.0", 9101, gen.registry)
 """
 
@@ -85,36 +85,8 @@ class GenerationMetrics:
         self._last_output: float | None = None
         self._seen: dict[str, float] = {}
 
-    def on_step(
-        self,
-        duration_s: float,
-        *,
-        running: int,
-        waiting: int,
-        preempted: int = 0,
-        kv_blocks_used: int,
-        kv_blocks_free: int,
-        batch_tokens: int,
-        generated_tokens: int,
-        new_preemptions: int = 0,
-        prefix_query_tokens: int = 0,
-        prefix_hit_tokens: int = 0,
-    ) -> None:
-        """After every engine step: the scheduler's state as it leaves the step, plus this step's
-        increments (tokens sampled, preemptions and prefix-cache lookups made in it)."""
-        self.steps.inc()
-        self.step_seconds.observe(duration_s)
-        self.step_tokens.observe(batch_tokens)
-        self.set_idle_state(running, waiting, preempted, kv_blocks_used, kv_blocks_free)
-        self.generation_tokens.inc(generated_tokens)
-        if new_preemptions:
-            self.preemptions.inc(new_preemptions)
-        if prefix_query_tokens:
-            self.prefix_queries.inc(prefix_query_tokens)
-            self.prefix_hits.inc(prefix_hit_tokens)
-
     def set_idle_state(self, running: int, waiting: int, preempted: int, kv_used: int, kv_free: int) -> None:
-        """Gauges only: also called when the loop goes idle, so a scrape then reads 0 running."""
+        """Gauges only: the scheduler's state as it leaves the step (0 running once idle)."""
         self.running.set(running)
         self.waiting.set(waiting)
         self.preempted.set(preempted)

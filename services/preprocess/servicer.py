@@ -55,6 +55,7 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
                 f"request {spec.request_id} is already running", reason="DUPLICATE_REQUEST_ID"
             )
         run = RequestRun(spec, self._deps, budget)
+        started = time.perf_counter()
         try:
             accepted = run.start()
         except MstarError as err:
@@ -64,6 +65,7 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         except BaseException:
             run.close()
             raise
+        self.metrics.on_preprocessed(time.perf_counter() - started)
         self._runs[spec.request_id] = run
         return run, accepted
 

@@ -227,3 +227,12 @@ def test_open_input_that_goes_quiet_fails_and_frees_its_slot(loop, model):
     finally:
         pre.close()
         loop.run(server.stop(None))
+
+
+def test_preprocessing_time_is_observed_once_per_admitted_request(fake_stack):
+    count = "mstar_preprocess_preprocess_seconds_count"
+    before = fake_stack.servicer.metrics.registry.get_sample_value(count) or 0
+    fake_stack.stub.Generate(api.GenerateRequest(input=_input(max_tokens=2)), timeout=10)
+    with pytest.raises(grpc.RpcError):  # refused before admission: no preprocessing figure
+        fake_stack.stub.Generate(api.GenerateRequest(input=_input(temperature=-1.0)), timeout=10)
+    assert fake_stack.servicer.metrics.registry.get_sample_value(count) == before + 1

@@ -34,18 +34,22 @@ def completion(**over):
 
 def test_generation_step_sets_gauges_and_counts():
     m = GenerationMetrics()
-    m.on_step(0.05, running=3, waiting=2, preempted=1, kv_blocks_used=7, kv_blocks_free=9,
-              batch_tokens=40, generated_tokens=3, new_preemptions=1, prefix_query_tokens=32, prefix_hit_tokens=16)
+    tok = SimpleNamespace()
+    step = SimpleNamespace(num_batched_tokens=40, tokens=[tok, tok, tok], completed=[], failed=[])
+    engine = fake_engine(running=3, preemptions=1, q=32, h=16)
+    engine.scheduler.waiting = [SimpleNamespace(timing=SimpleNamespace(preempted_at=1.0)),
+                                SimpleNamespace(timing=SimpleNamespace(preempted_at=None))]
+    m.on_engine_output(step, engine)
     assert value(m, "mstar_generation_requests_running") == 3
     assert value(m, "mstar_generation_requests_waiting") == 2
-    assert value(m, "mstar_generation_kv_blocks_free") == 9
+    assert value(m, "mstar_generation_requests_preempted") == 1
+    assert value(m, "mstar_generation_kv_blocks_free") == 7
     assert value(m, "mstar_generation_steps_total") == 1
     assert value(m, "mstar_generation_generation_tokens_total") == 3
     assert value(m, "mstar_generation_preemptions_total") == 1
     assert value(m, "mstar_generation_prefix_cache_hits_tokens_total") == 16
-    assert value(m, "mstar_generation_step_seconds_count") == 1
     assert value(m, "mstar_generation_step_batch_tokens_sum") == 40
-    m.set_idle_state(0, 0, 0, 0, 16)
+    m.on_engine_output(SimpleNamespace(num_batched_tokens=0, tokens=[], completed=[], failed=[]), fake_engine())
     assert value(m, "mstar_generation_requests_running") == 0
 
 
@@ -124,11 +128,15 @@ def test_timing_metadata_and_dict():
 
 def test_metrics_server_serves_exposition():
     m = GenerationMetrics()
-    m.on_step(0.01, running=1, waiting=0, kv_blocks_used=1, kv_blocks_free=1, batch_tokens=1, generated_tokens=1)
+    m.on_engine_output(SimpleNamespace(num_batched_tokens=1, tokens=[object()], completed=[], failed=[]),
+                       fake_engine(running=1))
     port = start_metrics_server("127.0.0.1", 0, m.registry)
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    reply = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    body = reply.read().decode()
+    assert reply.headers["Content-Type"].startswith("text/plain")
     assert "mstar_generation_steps_total 1.0" in body
-    assert body == generate_latest(m.registry).decode() or "mstar_generation_step_seconds_bucket" in body
+    assert 'mstar_generation_step_batch_tokens_bucket{le="1.0"} 1.0' in body
+    assert body == generate_latest(m.registry).decode()  # the whole registry, nothing else
 
 
 def fake_engine(running=0, preemptions=0, q=0, h=0):
