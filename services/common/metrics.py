@@ -45,6 +45,25 @@ def _histogram(name: str, doc: str, registry: CollectorRegistry, buckets=LATENCY
     return Histogram(name, doc, labelnames=labels, buckets=buckets, registry=registry)
 
 
+class _ServingGauges:
+    """<prefix>serving_state{state} (1 for the current ServingState, 0 for the others) and
+    <prefix>ready (1 while health reports SERVING: serving and every dependency up)."""
+
+    def __init__(self, prefix: str, registry: CollectorRegistry) -> None:
+        from services.common.serving import State
+
+        self._states = [s.value for s in State]
+        self.state = Gauge(prefix + "serving_state", "1 for the process's serving state (starting, serving, "
+                           "draining, failed), 0 for the others.", labelnames=("state",), registry=registry)
+        self.ready = Gauge(prefix + "ready", "1 while health reports SERVING (state serving and every "
+                           "dependency up).", registry=registry)
+
+    def __call__(self, serving: Any) -> None:
+        for name in self._states:
+            self.state.labels(name).set(1 if name == serving.state.value else 0)
+        self.ready.set(1 if serving.is_ready else 0)
+
+
 class GenerationMetrics:
     """The engine's metrics (prefix mstar_generation_). Called from the engine loop thread;
     prometheus-client metrics are thread-safe, so the HTTP thread may scrape at any time."""
@@ -81,9 +100,14 @@ class GenerationMetrics:
                               "(decode time / (tokens - 1)).", r)
         self.e2e = _histogram(p + "e2e_seconds", "Arrival to completion.", r)
         self.preempted_time = _histogram(p + "preempted_seconds", "Time a request spent preempted.", r)
+        self._serving = _ServingGauges(p, r)
         self._busy = False
         self._last_output: float | None = None
         self._seen: dict[str, float] = {}
+
+    def watch_serving(self, state: Any) -> None:
+        """Follow a ServingState (services/common/serving.py) in the serving gauges."""
+        state.on_change(self._serving)
 
     def set_idle_state(self, running: int, waiting: int, preempted: int, kv_used: int, kv_free: int) -> None:
         """Gauges only: the scheduler's state as it leaves the step (0 running once idle)."""
@@ -203,6 +227,11 @@ class PreprocessMetrics:
                                      "request.", r, STEP_BUCKETS)
         self.conductor = ConductorCollector()
         r.register(self.conductor)
+        self._serving = _ServingGauges(p, r)
+
+    def watch_serving(self, state: Any) -> None:
+        """Follow a ServingState (services/common/serving.py) in the serving gauges."""
+        state.on_change(self._serving)
 
     def on_request_started(self, rpc: str) -> RequestClock:
         """Call once admitted; the returned clock goes back into on_request_done."""

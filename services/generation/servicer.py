@@ -8,6 +8,11 @@ ResultTokens rows followed by the same step's RequestComplete / RequestFailed en
 stream ends for any reason, every request still running on it is aborted (blocks freed within a
 step). A stream whose reader stops reading and lets ``max_queued_frames`` pile up is ended with
 RESOURCE_EXHAUSTED, so one stalled client cannot grow the server's memory.
+
+New streams and new requests are refused with the process's ServingState refusal (UNAVAILABLE
+while starting, draining or failed). When the state turns FAILED (the engine crashed, or the
+watchdog saw a hung step), every request still running on every stream ends at once with that
+error: the engine thread may be stuck, so nothing waits for it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from mstar.v1 import generation_service_pb2_grpc as gen_grpc
 from mstar.v1 import messages_pb2 as pb
 
 from services.common import errors
+from services.common.serving import ServingState, State
 from services.generation import wire
 from services.generation.outputs import StepOutput
 
@@ -40,12 +46,11 @@ class _Stream:
 
 
 class GenerationServicer(gen_grpc.GenerationServiceServicer):
-    def __init__(self, status_interval_ms: int = 0, max_queued_frames: int = 10_000):
-        self.engine = None  # set once the model is loaded and warm
+    def __init__(self, serving: ServingState, status_interval_ms: int = 0, max_queued_frames: int = 10_000):
+        self.engine = None  # set once the model is loaded
+        self.serving = serving
         self.default_status_interval_ms = status_interval_ms
         self.max_queued_frames = max_queued_frames
-        self.is_draining = False
-        self.refusal: errors.MstarError | None = None  # set when the engine can no longer be trusted
         self._streams: dict[int, _Stream] = {}
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -54,6 +59,11 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
 
     def attach(self, engine, loop: asyncio.AbstractEventLoop) -> None:
         self.engine, self._loop = engine, loop
+        self.serving.on_change(self._on_serving_change)
+
+    def _on_serving_change(self, state: ServingState) -> None:  # any thread
+        if state.state is State.FAILED and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.fail_everything, state.refusal())
 
     def on_step(self, out: StepOutput) -> None:
         """Engine thread: hand the step to the event loop."""
@@ -88,8 +98,8 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
         stream.queue.put_nowait(item)
 
     def fail_everything(self, error: errors.MstarError) -> None:
-        """The engine is stuck (watchdog): end every running request here, refuse new ones."""
-        self.refusal = error
+        """The engine failed or is stuck: end every running request here (new ones are refused
+        by the serving state)."""
         for stream in list(self._streams.values()):
             ends = [wire.request_failed(request_id, error) for request_id in sorted(stream.active)]
             stream.active.clear()
@@ -104,8 +114,9 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
     # -- RPC ----------------------------------------------------------------------------------
 
     async def Stream(self, request_iterator, context: grpc.aio.ServicerContext):
-        if self.engine is None or self.engine.is_dead or self.is_draining or self.refusal:
-            await errors.abort(context, errors.unavailable("the generation service is not serving", "NOT_SERVING"))
+        refusal = self.serving.refusal()
+        if self.engine is None or refusal is not None:
+            await errors.abort(context, refusal or errors.unavailable("the model is loading", "STARTING"))
         stream = _Stream(next(self._ids))
         self._streams[stream.stream_id] = stream
         reader = asyncio.create_task(self._read(stream, request_iterator))
@@ -182,8 +193,9 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
         if not request_id:
             self._put(stream, _single(wire.request_failed("", errors.invalid_argument("request_id", "required"))))
             return
-        if self.refusal is not None:
-            self._put(stream, _single(wire.request_failed(request_id, self.refusal)))
+        refusal = self.serving.refusal()
+        if refusal is not None:
+            self._put(stream, _single(wire.request_failed(request_id, refusal)))
             return
         if request_id in stream.active:
             error = errors.already_exists(f"request {request_id!r} is already running on this stream")

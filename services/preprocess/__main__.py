@@ -39,6 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--max-prompt-tokens", type=int, default=256 * 1024, help="admission: prompt tokens in flight"
     )
     p.add_argument("--max-tokens-cap", type=int, default=8192, help="largest max_tokens accepted")
+    p.add_argument("--default-max-tokens", type=int, default=None,
+                   help="max_tokens of a request that sets none (default: whatever fits in the context)")
     p.add_argument("--max-input-bytes", type=int, default=8 * 1024 * 1024, help="input bytes per stream")
     p.add_argument("--max-appends", type=int, default=4096, help="appends per stream")
     p.add_argument("--file-root", type=Path, default=None, help="allow file_path inputs under this directory")
@@ -47,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input-idle-s", type=float, default=60.0,
                    help="fail a request whose open input receives nothing for this long")
     p.add_argument("--grace-s", type=float, default=20.0, help="SIGTERM drain period")
+    p.add_argument("--backend-stall-s", type=float, default=5.0,
+                   help="a generation stream silent this long (no heartbeat) is stalled: its requests fail, "
+                        "health NOT_SERVING")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0 = any); off if unset")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
@@ -56,19 +61,19 @@ async def serve(args: argparse.Namespace) -> None:
     model = load_model(args.model)
     limits = Limits(
         max_tokens_cap=args.max_tokens_cap,
+        default_max_tokens=args.default_max_tokens,
         max_input_bytes=args.max_input_bytes,
         max_appends=args.max_appends,
         max_file_bytes=args.max_file_bytes,
     )
-    server = GrpcServer(args.host, args.port)
+    server = GrpcServer("preprocess", args.host, args.port)
     metrics = PreprocessMetrics()
+    metrics.watch_serving(server.state)
     if args.metrics_port is not None:
         log.info("metrics", extra={"port": start_metrics_server(args.host, args.metrics_port, metrics.registry)})
-    backend = GenerationBackend(
-        args.generation, on_health=lambda ok: asyncio.ensure_future(server.set_serving(ok)),
-        # The conductor's snapshots feed mstar_conductor_* only when someone can scrape them.
-        on_status=metrics.on_conductor_status, status_interval_ms=1000 if args.metrics_port is not None else 0,
-    )
+    # Health follows the backend: the dependency "generation" is down until the stream is up.
+    backend = GenerationBackend(args.generation, state=server.state, on_status=metrics.on_conductor_status,
+                                stall_s=args.backend_stall_s)
     deps = Deps(
         model=model,
         backend=backend,
@@ -78,9 +83,10 @@ async def serve(args: argparse.Namespace) -> None:
         keepalive_s=args.keepalive_s,
         input_idle_s=args.input_idle_s,
     )
-    servicer = InferenceServicer(deps, metrics)
+    servicer = InferenceServicer(deps, server.state, metrics)
     server.add(api_grpc.add_InferenceServiceServicer_to_server, servicer, "mstar.v1.InferenceService")
     port = await server.start()
+    server.state.serve()
     backend.start()
     log.info("preprocess ready", extra={"port": port, "model": model.name, "generation": args.generation})
     print(f"preprocess listening on port {port}", flush=True)

@@ -19,8 +19,9 @@ from mstar.v1 import inference_service_pb2 as api
 from mstar.v1 import inference_service_pb2_grpc as api_grpc
 
 from services.common import errors
-from services.common.errors import MstarError, already_exists, not_found, unavailable
+from services.common.errors import MstarError, already_exists, not_found
 from services.common.metrics import PreprocessMetrics, timing_metadata
+from services.common.serving import ServingState
 from services.preprocess import wire
 from services.preprocess.openai.routes import OpenAIRoutes
 from services.preprocess.request import Chunk, Complete, Failed
@@ -32,12 +33,12 @@ _SESSION_OUTBOX = 256  # events buffered per session before requests feel backpr
 
 
 class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
-    def __init__(self, deps: Deps, metrics: PreprocessMetrics | None = None) -> None:
+    def __init__(self, deps: Deps, state: ServingState, metrics: PreprocessMetrics | None = None) -> None:
         self._deps = deps
+        self.state = state  # the process's one serving state: new requests start only when ready
         self.metrics = metrics or PreprocessMetrics()  # unserved unless __main__ passes a served one
         self._runs: dict[str, RequestRun] = {}
         self._created = int(time.time())
-        self.draining = False
 
     @property
     def num_running(self) -> int:
@@ -46,8 +47,9 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
     # ---- request lifecycle shared by all RPCs
 
     def _begin(self, spec, budget: InputBudget) -> tuple[RequestRun, object]:
-        if self.draining:
-            raise unavailable("server is draining", reason="DRAINING")
+        refusal = self.state.refusal()  # starting, draining, failed, or the generation backend is down
+        if refusal is not None:
+            raise refusal
         if spec.model and spec.model not in (self._deps.model.name, "default"):
             raise not_found(f"model {spec.model!r} is not served (see ListModels)", reason="MODEL_NOT_FOUND")
         if spec.request_id in self._runs:
@@ -246,8 +248,8 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         )
 
     async def drain(self, grace_s: float) -> None:
-        """SIGTERM: refuse new requests, let running ones finish within the grace period."""
-        self.draining = True
+        """SIGTERM (the state is DRAINING: new requests are refused): let running ones finish
+        within the grace period, then cancel the rest."""
         deadline = time.monotonic() + grace_s
         while self._runs and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

@@ -1,7 +1,8 @@
 """A contract-following stand-in for GenerationService used where the model does not matter:
 each request "generates" its own prompt tokens back, one per step, honouring max_tokens,
 streamed input (ClientAppend / ends), Abort and stop_token_ids. Steps are batched like the real
-engine: one StreamResponse per step with a row for every running request."""
+engine: one StreamResponse per step with a row for every running request. Like the real service it
+pushes a ConductorStatus every `mstar-status-interval-ms` (the preprocess backend's heartbeat)."""
 
 from __future__ import annotations
 
@@ -51,13 +52,22 @@ class FakeGeneration(gen_grpc.GenerationServiceServicer):
                 wake.set()
 
         reader = asyncio.create_task(read())
+        interval_ms = int(dict(context.invocation_metadata() or ()).get("mstar-status-interval-ms", "0") or 0)
+        status_due = asyncio.get_running_loop().time()
         step = 0
         try:
             while True:
+                if interval_ms and asyncio.get_running_loop().time() >= status_due:
+                    status_due += interval_ms / 1000
+                    yield gen_pb2.StreamResponse(envelopes=[pb.Envelope(conductor_status=pb.ConductorStatus())])
                 ready = {k: r for k, r in requests.items() if not r["open"]}
                 if not ready:
                     wake.clear()
-                    await wake.wait()
+                    timeout = max(0.0, status_due - asyncio.get_running_loop().time()) if interval_ms else None
+                    try:
+                        await asyncio.wait_for(wake.wait(), timeout)
+                    except TimeoutError:
+                        pass
                     continue
                 await asyncio.sleep(self.step_s)
                 step += 1

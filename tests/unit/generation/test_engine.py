@@ -8,6 +8,7 @@ import torch
 from generation_helpers import drive, make_engine
 
 from services.common.errors import Code
+from services.common.serving import State
 from services.generation.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -112,8 +113,6 @@ def test_non_finite_logits_fail_only_that_request(tiny_checkpoint):
 
 def test_a_crashed_step_fails_everyone_and_rejects_new_requests(tiny_checkpoint):
     engine = make_engine(tiny_checkpoint)
-    dead = []
-    engine.on_dead = dead.append
     engine.add_request("a", [5, 6], GREEDY)
     engine.add_request("b", [7, 8], GREEDY)
     engine.run_once()
@@ -124,7 +123,7 @@ def test_a_crashed_step_fails_everyone_and_rejects_new_requests(tiny_checkpoint)
     engine.runner.run = boom
     out = engine.run_once()
     assert {f.key for f in out.failed} == {"a", "b"} and all(f.error.code == Code.UNAVAILABLE for f in out.failed)
-    assert engine.is_dead and len(dead) == 1
+    assert engine.serving.state is State.FAILED and engine.serving.refusal().reason == "ENGINE_FAILED"
     engine.add_request("c", [5], GREEDY)
     assert engine.run_once().failed[0].error.code == Code.UNAVAILABLE
 

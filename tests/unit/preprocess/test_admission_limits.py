@@ -43,6 +43,13 @@ def test_max_tokens_clamp_policy():
     assert effective_max_tokens(4000, 7000, 8192, limits) == (1192, ("max_tokens clamped to 1192",))
 
 
+def test_operator_default_max_tokens_applies_only_when_the_request_sets_none():
+    limits = Limits(max_tokens_cap=4096, default_max_tokens=256)
+    assert effective_max_tokens(None, 100, 8192, limits) == (256, ())
+    assert effective_max_tokens(1000, 100, 8192, limits) == (1000, ())  # an explicit value wins
+    assert effective_max_tokens(None, 8000, 8192, limits) == (192, ())  # never more than fits
+
+
 @pytest.mark.parametrize(
     "sampling",
     [
