@@ -49,6 +49,10 @@ class EnvoySettings:
     # never cut). /health is answered before both, so probes need no key.
     api_keys: tuple[str, ...] = ()
     rate_limit_rps: int = 0
+    # Proxies in front of Envoy whose X-Forwarded-For entries are trusted (0: Envoy is the edge;
+    # 1 behind a cloud load balancer that appends the client address). Decides the client address
+    # preprocess shares admission by.
+    xff_num_trusted_hops: int = 0
     # Overload manager: stop accepting requests near the heap cap; bound downstream connections.
     max_heap_bytes: int = 1024 * 1024 * 1024
     max_downstream_connections: int = 10_000
@@ -147,6 +151,7 @@ def overload_manager(settings: EnvoySettings) -> dict:
 def render(settings: EnvoySettings) -> str:
     values = {k: str(v) for k, v in asdict(settings).items()}
     values["security_filters"] = "".join(f"\n          - {json.dumps(f)}" for f in security_filters(settings))
+    values["client_header_removal"] = "" if settings.api_keys else "\n              request_headers_to_remove: [x-mstar-client]"
     values["overload_manager"] = json.dumps(overload_manager(settings))
     # JSON is valid YAML flow syntax, so generated blocks drop into the template as one line.
     values["local_reply_config"] = json.dumps(local_reply_config())

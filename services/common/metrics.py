@@ -30,6 +30,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+# How long a streamed input stays open: appends arrive over seconds to minutes (lifetime cap 300 s).
+OPEN_INPUT_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 request_log = logging.getLogger("mstar.requests")
 
@@ -225,6 +227,11 @@ class PreprocessMetrics:
         self.e2e = _histogram(p + "e2e_seconds", "Arrival at the API to the terminal event.", r)
         self.preprocess = _histogram(p + "preprocess_seconds", "Template + tokenization + checks of one "
                                      "request.", r, STEP_BUCKETS)
+        self.failures = Counter(p + "requests_failed", "Requests that ended with an error, by its ErrorInfo "
+                                "reason (e.g. INPUT_OPEN_TOO_LONG, BACKEND_STALLED).", labelnames=("reason",),
+                                registry=r)
+        self.input_open = _histogram(p + "input_open_seconds", "How long a streamed input stayed open (start "
+                                     "to its end, or to the end of the request).", r, OPEN_INPUT_BUCKETS)
         self.conductor = ConductorCollector()
         r.register(self.conductor)
         self._serving = _ServingGauges(p, r)
@@ -240,6 +247,14 @@ class PreprocessMetrics:
 
     def on_preprocessed(self, seconds: float) -> None:
         self.preprocess.observe(seconds)
+
+    def on_input_closed(self, seconds: float) -> None:
+        """A request that had a streamed input ended; `seconds` it was open."""
+        self.input_open.observe(seconds)
+
+    def watch_admission(self, admission: Any) -> None:
+        """Export an Admission's fairness state at scrape time (admission.snapshot())."""
+        self.registry.register(_AdmissionCollector(admission))
 
     def on_admission_rejected(self, reason: str) -> None:
         """`reason` is the ErrorInfo reason, e.g. TOO_MANY_REQUESTS or PROMPT_TOO_LONG."""
@@ -295,6 +310,7 @@ class PreprocessMetrics:
                            "completion_tokens": event.completion_tokens, "timings": dict(event.timings_ms)}
                 elif hasattr(event, "error") and hasattr(event.error, "code"):
                     end = {"finish_reason": "error", "status": event.error.code.name}
+                    self.failures.labels(getattr(event.error, "reason", "") or event.error.code.name).inc()
                 if end is not None and not done:
                     # Recorded before the terminal event is handed on: a caller that returns on
                     # it (unary Generate) may never resume this generator.
@@ -308,6 +324,27 @@ class PreprocessMetrics:
     def on_conductor_status(self, status: Any) -> None:
         """Export a ConductorStatus protobuf pushed by the generation service."""
         self.conductor.update(status)
+
+
+class _AdmissionCollector:
+    """mstar_preprocess_admission_* gauges, read from the Admission when scraped."""
+
+    _GAUGES = {
+        "clients": "Clients holding admission slots (API-key clients, or client addresses).",
+        "busiest_client_requests": "Requests in flight of the client holding the most.",
+        "open_inputs": "Admitted requests whose input is still open.",
+    }
+
+    def __init__(self, admission: Any) -> None:
+        self._admission = admission
+
+    def describe(self) -> Iterable:
+        return []
+
+    def collect(self) -> Iterable:
+        snapshot = self._admission.snapshot()
+        for key, doc in self._GAUGES.items():
+            yield GaugeMetricFamily("mstar_preprocess_admission_" + key, doc, value=snapshot[key])
 
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")

@@ -17,7 +17,7 @@ from mstar.v1 import inference_service_pb2_grpc as api_grpc
 from services.common.logs import setup_logging
 from services.common.metrics import PreprocessMetrics, start_metrics_server
 from services.common.server import GrpcServer
-from services.preprocess.admission import Admission
+from services.preprocess.admission import Admission, AdmissionLimits
 from services.preprocess.backend import GenerationBackend
 from services.preprocess.limits import Limits
 from services.preprocess.media import FileReader
@@ -38,6 +38,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--max-prompt-tokens", type=int, default=256 * 1024, help="admission: prompt tokens in flight"
     )
+    p.add_argument("--max-requests-per-client", type=int, default=16,
+                   help="admission: requests in flight of one client (API key, else client address)")
+    p.add_argument("--max-open-inputs", type=int, default=32, help="admission: requests whose input is open")
+    p.add_argument("--max-open-inputs-per-client", type=int, default=4,
+                   help="admission: requests whose input is open, per client")
     p.add_argument("--max-tokens-cap", type=int, default=8192, help="largest max_tokens accepted")
     p.add_argument("--default-max-tokens", type=int, default=None,
                    help="max_tokens of a request that sets none (default: whatever fits in the context)")
@@ -48,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keepalive-s", type=float, default=2.0, help="KeepAlive period while waiting")
     p.add_argument("--input-idle-s", type=float, default=60.0,
                    help="fail a request whose open input receives nothing for this long")
+    p.add_argument("--input-lifetime-s", type=float, default=300.0,
+                   help="fail a request whose input is still open this long after it started, however "
+                        "often it appends")
     p.add_argument("--grace-s", type=float, default=20.0, help="SIGTERM drain period")
     p.add_argument("--backend-stall-s", type=float, default=5.0,
                    help="a generation stream silent this long (no heartbeat) is stalled: its requests fail, "
@@ -74,14 +82,20 @@ async def serve(args: argparse.Namespace) -> None:
     # Health follows the backend: the dependency "generation" is down until the stream is up.
     backend = GenerationBackend(args.generation, state=server.state, on_status=metrics.on_conductor_status,
                                 stall_s=args.backend_stall_s)
+    admission = Admission(AdmissionLimits(
+        max_requests=args.max_requests, max_prompt_tokens=args.max_prompt_tokens,
+        max_requests_per_client=args.max_requests_per_client, max_open_inputs=args.max_open_inputs,
+        max_open_inputs_per_client=args.max_open_inputs_per_client))
+    metrics.watch_admission(admission)
     deps = Deps(
         model=model,
         backend=backend,
-        admission=Admission(args.max_requests, args.max_prompt_tokens),
+        admission=admission,
         limits=limits,
         files=FileReader(args.file_root, args.max_file_bytes),
         keepalive_s=args.keepalive_s,
         input_idle_s=args.input_idle_s,
+        input_lifetime_s=args.input_lifetime_s,
     )
     servicer = InferenceServicer(deps, server.state, metrics)
     server.add(api_grpc.add_InferenceServiceServicer_to_server, servicer, "mstar.v1.InferenceService")

@@ -22,7 +22,7 @@ from services.common import errors
 from services.common.errors import MstarError, already_exists, not_found
 from services.common.metrics import PreprocessMetrics, timing_metadata
 from services.common.serving import ServingState
-from services.preprocess import wire
+from services.preprocess import client, wire
 from services.preprocess.openai.routes import OpenAIRoutes
 from services.preprocess.request import Chunk, Complete, Failed
 from services.preprocess.request_run import Deps, InputBudget, RequestRun
@@ -46,7 +46,7 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
 
     # ---- request lifecycle shared by all RPCs
 
-    def _begin(self, spec, budget: InputBudget) -> tuple[RequestRun, object]:
+    def _begin(self, spec, budget: InputBudget, client_key: str) -> tuple[RequestRun, object]:
         refusal = self.state.refusal()  # starting, draining, failed, or the generation backend is down
         if refusal is not None:
             raise refusal
@@ -56,7 +56,7 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
             raise already_exists(
                 f"request {spec.request_id} is already running", reason="DUPLICATE_REQUEST_ID"
             )
-        run = RequestRun(spec, self._deps, budget)
+        run = RequestRun(spec, self._deps, budget, client_key)
         started = time.perf_counter()
         try:
             accepted = run.start()
@@ -72,9 +72,11 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         return run, accepted
 
     def _end(self, run: RequestRun) -> None:
-        run.close()
         if self._runs.get(run.request_id) is run:
             del self._runs[run.request_id]
+            if (open_s := run.input_open_s) is not None:
+                self.metrics.on_input_closed(open_s)
+        run.close()
 
     def _watch(self, context: grpc.aio.ServicerContext, started) -> None:
         def on_done(_ctx) -> None:
@@ -97,7 +99,7 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
                 raise errors.invalid_argument(
                     "input.request_id", "streamed input (input_modalities) on Generate needs a client-chosen "
                     "request_id to Append to; or use GenerateStream / Session")
-            run, _ = self._begin(spec, InputBudget(self._deps.limits))
+            run, _ = self._begin(spec, InputBudget(self._deps.limits), client.of_context(context))
             started.append(run)
             text, token_ids, logprobs = [], [], []
             async for event in self.metrics.observe(run.events(), run.request_id, "Generate"):
@@ -131,7 +133,7 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         try:
             try:
                 spec = wire.request_spec(request.input)
-                run, accepted = self._begin(spec, InputBudget(self._deps.limits))
+                run, accepted = self._begin(spec, InputBudget(self._deps.limits), client.of_context(context))
                 started.append(run)
             except MstarError as err:
                 await errors.abort(context, err)  # before any message: a real status
@@ -148,6 +150,7 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         self._watch(context, started)
         outbox: asyncio.Queue = asyncio.Queue(maxsize=_SESSION_OUTBOX)
         budget = InputBudget(self._deps.limits)
+        client_key = client.of_context(context)  # every request of a session shares its client's share
         pumps: set[asyncio.Task] = set()
 
         async def pump(run: RequestRun) -> None:
@@ -161,7 +164,7 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         async def read() -> None:
             try:
                 async for message in request_iterator:
-                    await self._session_action(message, budget, started, pumps, pump, outbox)
+                    await self._session_action(message, budget, client_key, started, pumps, pump, outbox)
                 await asyncio.gather(*pumps)  # half-closed: running requests still finish
                 await outbox.put(None)
             except MstarError as err:  # per-session caps: ends the whole session
@@ -181,14 +184,14 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
             for run in started:
                 self._end(run)
 
-    async def _session_action(self, message, budget, started, pumps, pump, outbox) -> None:
+    async def _session_action(self, message, budget, client_key, started, pumps, pump, outbox) -> None:
         action = message.WhichOneof("action")
         if action == "start":
             request_id = message.start.request_id
             try:
                 spec = wire.request_spec(message.start)
                 request_id = spec.request_id
-                run, accepted = self._begin(spec, budget)
+                run, accepted = self._begin(spec, budget, client_key)
             except MstarError as err:
                 if err.reason == "INPUT_LIMIT":
                     raise

@@ -172,7 +172,7 @@ class Stack:
             ("generation", readiness.grpc_serving(self.generation_target)),
             ("preprocess", readiness.grpc_serving(self.preprocess_target)),
             ("envoy_upstream", readiness.http_ok(self.http_url + "/health")),
-            ("first_request", readiness.generate_once(self.http_url)),
+            ("first_request", readiness.generate_once(self.http_url, self._auth_headers())),
         ]
         for name, check in steps:
             remaining = max(1.0, timeout - (time.monotonic() - t0))
@@ -182,6 +182,10 @@ class Stack:
                 raise readiness.NotReady(f"{exc}\n{self.describe_failure()}") from None
             self.timings_s[name] = time.monotonic() - t0
         self.timings_s["ready"] = time.monotonic() - t0
+
+    def _auth_headers(self) -> dict[str, str]:
+        keys = self.envoy_settings().api_keys
+        return {"authorization": f"Bearer {keys[0]}"} if keys else {}
 
     def describe_failure(self) -> str:
         parts = []

@@ -70,6 +70,7 @@ class Preprocess:
                 files=FileReader(file_root, limits.max_file_bytes),
                 keepalive_s=kw.get("keepalive_s", 2.0),
                 input_idle_s=kw.get("input_idle_s", 60.0),
+                input_lifetime_s=kw.get("input_lifetime_s", 300.0),
             )
             servicer = InferenceServicer(deps, server.state)
             server.add(api_grpc.add_InferenceServiceServicer_to_server, servicer, "mstar.v1.InferenceService")
