@@ -73,16 +73,20 @@ COMMITTED = {"compose": HERE / "envoy.compose.yaml", "k8s": ROOT / "deploy" / "k
 
 # HTTP status of an Envoy local reply → the gRPC code a transcoded error with that status carries
 # (the inverse of services/common/errors.py HTTP_STATUS), so both error sources share one shape.
-LOCAL_REPLY_GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 408: 4, 413: 8, 415: 3, 429: 8, 431: 8, 499: 1, 500: 13,
-                          501: 12, 502: 14, 503: 14, 504: 4}
+LOCAL_REPLY_GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 405: 12, 408: 4, 413: 8, 415: 3, 429: 8, 431: 8, 499: 1,
+                          500: 13, 501: 12, 502: 14, 503: 14, 504: 4}
 
 
-def _error_body(code: int) -> dict:
+# Reasons for the local replies the routes make themselves (direct responses), instead of Envoy's
+# internal "direct_response" detail.
+LOCAL_REPLY_REASONS = {405: "METHOD_NOT_ALLOWED", 415: "UNSUPPORTED_MEDIA_TYPE"}
+
+
+def _error_body(code: int, reason: str = "%RESPONSE_CODE_DETAILS%") -> dict:
     return {"json_format": {
         "code": code,
         "message": "%LOCAL_REPLY_BODY%",
-        "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
-                     "reason": "%RESPONSE_CODE_DETAILS%", "domain": "envoy"}],
+        "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason, "domain": "envoy"}],
     }}
 
 
@@ -99,7 +103,9 @@ def local_reply_config() -> dict:
          "body_format_override": {"json_format": {"status": "SERVING"}}},
         {"filter": health, "body_format_override": {"json_format": {"status": "NOT_SERVING"}}},
     ]
-    mappers += [{"filter": _status_is("EQ", status), "body_format_override": _error_body(code)}
+    mappers += [{"filter": _status_is("EQ", status),
+                 "body_format_override": _error_body(code, *([LOCAL_REPLY_REASONS[status]] if status in
+                                                             LOCAL_REPLY_REASONS else []))}
                 for status, code in LOCAL_REPLY_GRPC_CODES.items()]
     return {"mappers": mappers, "body_format": _error_body(2)}
 

@@ -7,7 +7,7 @@ request ids (those go to the JSON log line written at completion).
 
     gen = GenerationMetrics()                    pre = PreprocessMetrics()
     gen.on_engine_output(step_output, engine)    pre.on_admission_rejected("OVERLOADED")
-    # (engine thread, every step)                async for e in pre.observe(events, rid, rpc="Generate"): ...
+    # (engine thread, every step)                async for e in pre.observe(events, rid, surface="Generate"): ...
                                                  pre.on_conductor_status(status_pb)
     start_metrics_server("0.0.0.0", 9101, gen.registry)
 """
@@ -214,12 +214,14 @@ class PreprocessMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
         p = "mstar_preprocess_"
-        self.in_flight = Gauge(p + "requests_in_flight", "Admitted requests not yet ended.",
-                               labelnames=("rpc",), registry=r)
+        # `surface`: what the client called, a native RPC name (Generate, GenerateStream, Session) or
+        # an HTTP API (chat.completions, completions): the caller passes it, nothing is inferred.
+        self.in_flight = Gauge(p + "requests_in_flight", "Admitted requests not yet ended, by surface.",
+                               labelnames=("surface",), registry=r)
         self.rejections = Counter(p + "admission_rejections", "Requests refused by admission or "
                                   "validation before starting, by reason.", labelnames=("reason",), registry=r)
-        self.requests = Counter(p + "requests", "Requests ended, by RPC, finish reason and status.",
-                                labelnames=("rpc", "finish_reason", "status"), registry=r)
+        self.requests = Counter(p + "requests", "Requests ended, by surface, finish reason and status.",
+                                labelnames=("surface", "finish_reason", "status"), registry=r)
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens of ended requests.", registry=r)
         self.completion_tokens = Counter(p + "completion_tokens", "Tokens sent to clients.", registry=r)
         self.ttft = _histogram(p + "ttft_seconds", "Arrival at the API to the first text chunk sent.", r)
@@ -240,9 +242,9 @@ class PreprocessMetrics:
         """Follow a ServingState (services/common/serving.py) in the serving gauges."""
         state.on_change(self._serving)
 
-    def on_request_started(self, rpc: str) -> RequestClock:
+    def on_request_started(self, surface: str) -> RequestClock:
         """Call once admitted; the returned clock goes back into on_request_done."""
-        self.in_flight.labels(rpc).inc()
+        self.in_flight.labels(surface).inc()
         return RequestClock()
 
     def on_preprocessed(self, seconds: float) -> None:
@@ -265,7 +267,7 @@ class PreprocessMetrics:
         request_id: str,
         clock: RequestClock,
         *,
-        rpc: str,
+        surface: str,
         finish_reason: str,
         status: str = "OK",
         prompt_tokens: int = 0,
@@ -276,8 +278,8 @@ class PreprocessMetrics:
         count it, and write its one JSON log line (request id + engine timings, in ms)."""
         e2e = time.monotonic() - clock.start
         out_tokens = clock.tokens if completion_tokens is None else completion_tokens
-        self.in_flight.labels(rpc).dec()
-        self.requests.labels(rpc, finish_reason, status).inc()
+        self.in_flight.labels(surface).dec()
+        self.requests.labels(surface, finish_reason, status).inc()
         self.prompt_tokens.inc(prompt_tokens)
         self.completion_tokens.inc(out_tokens)
         self.e2e.observe(e2e)
@@ -286,19 +288,19 @@ class PreprocessMetrics:
         for gap in clock.gaps:
             self.itl.observe(gap)
         request_log.info("request done", extra={
-            "request_id": request_id, "rpc": rpc, "finish_reason": finish_reason, "status": status,
+            "request_id": request_id, "surface": surface, "finish_reason": finish_reason, "status": status,
             "prompt_tokens": prompt_tokens, "completion_tokens": out_tokens,
             "api_ttft_ms": None if clock.ttft_s is None else round(clock.ttft_s * 1e3, 3),
             "api_e2e_ms": round(e2e * 1e3, 3), **{k: round(v, 3) for k, v in (timings or {}).items()},
         })
 
-    async def observe(self, events: AsyncIterator, request_id: str, rpc: str) -> AsyncIterator:
+    async def observe(self, events: AsyncIterator, request_id: str, surface: str) -> AsyncIterator:
         """The whole per-request wiring in one call: wrap a request's event stream,
-        `async for event in metrics.observe(run.events(), run.request_id, rpc="GenerateStream")`.
+        `async for event in metrics.observe(run.events(), run.request_id, surface="GenerateStream")`.
         Duck-typed on the preprocess events: a chunk has `token_ids`; the terminal Complete has
         finish_reason / prompt_tokens / completion_tokens / timings_ms; Failed has `error` (an
         MstarError). A stream closed before its terminal event (client gone) counts as cancelled."""
-        clock = self.on_request_started(rpc)
+        clock = self.on_request_started(surface)
         done = False
         try:
             async for event in events:
@@ -315,11 +317,12 @@ class PreprocessMetrics:
                     # Recorded before the terminal event is handed on: a caller that returns on
                     # it (unary Generate) may never resume this generator.
                     done = True
-                    self.on_request_done(request_id, clock, rpc=rpc, **end)
+                    self.on_request_done(request_id, clock, surface=surface, **end)
                 yield event
         finally:
             if not done:
-                self.on_request_done(request_id, clock, rpc=rpc, finish_reason="cancelled", status="CANCELLED")
+                self.on_request_done(request_id, clock, surface=surface, finish_reason="cancelled",
+                                     status="CANCELLED")
 
     def on_conductor_status(self, status: Any) -> None:
         """Export a ConductorStatus protobuf pushed by the generation service."""

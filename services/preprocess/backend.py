@@ -102,6 +102,12 @@ class BackendRequest:
         )
         self._backend._send(pb.Envelope(client_append=append))
 
+    def stop_early(self, reason: str) -> None:
+        """Stop generating but keep listening: the engine ends the request with a RequestComplete
+        (cancelled) that still carries its usage and timings (a stop string matched here)."""
+        if not self.ended and self.key in self._backend._requests:
+            self._backend._send(pb.Envelope(abort=pb.Abort(request_id=self.key, reason=reason)))
+
     def abort(self, reason: str) -> None:
         """Stop generating for this request. Idempotent; safe from any finally-path."""
         if self._backend._requests.pop(self.key, None) is not None:

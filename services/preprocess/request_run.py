@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from services.common.errors import Code, MstarError, failed_precondition
 from services.preprocess import limits as caps
@@ -78,6 +78,10 @@ class InputBudget:
             raise caps.input_caps_error(f"more than {self.limits.max_input_bytes} input bytes on this stream")
         if self.appends > self.limits.max_appends:
             raise caps.input_caps_error(f"more than {self.limits.max_appends} appends on this stream")
+
+
+# How long a stop-string finish waits for the engine's own end of the request (normally one step).
+_STOP_END_WAIT_S = 2.0
 
 
 class _Cancelled:
@@ -244,7 +248,7 @@ class RequestRun:
             while not queue.empty():  # coalesce whatever piled up into one chunk
                 batch.append(queue.get_nowait())
             text, stop, terminal = "", None, None
-            for event in batch:
+            for i, event in enumerate(batch):
                 if isinstance(event, TokenStep):
                     completion += 1
                     token_ids.append(event.token_id)
@@ -254,8 +258,7 @@ class RequestRun:
                     text += result.text
                     if result.stop is not None:
                         stop = result.stop
-                        self._backend.abort("stop string matched")
-                        terminal = BackendFinished("stop")
+                        terminal = await self._end_on_stop_string(batch[i + 1:], queue)
                         break
                 elif isinstance(event, Heartbeat):
                     continue
@@ -298,6 +301,27 @@ class RequestRun:
                 warnings=self._warnings,
             )
             return
+
+    async def _end_on_stop_string(self, rest: list, queue: asyncio.Queue) -> BackendFinished:
+        """A stop string matched here, which the engine cannot know: stop it, and wait (about one
+        step) for its RequestComplete, whose usage and timings are the request's real ones. Tokens
+        it made meanwhile are dropped. If none comes in time (the stream broke), zeros."""
+        self._backend.stop_early("stop string matched")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _STOP_END_WAIT_S
+        pending = list(rest)
+        while True:
+            event = pending.pop(0) if pending else None
+            if event is None:
+                try:
+                    event = await asyncio.wait_for(queue.get(), max(0.0, deadline - loop.time()))
+                except TimeoutError:
+                    self._backend.abort("stop string matched")
+                    return BackendFinished("stop")
+            if isinstance(event, BackendFinished):
+                return replace(event, finish_reason="stop")
+            if isinstance(event, BackendFailed):
+                return BackendFinished("stop")
 
     def _profile(self) -> Profile:
         return Profile(

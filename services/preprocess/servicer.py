@@ -128,18 +128,24 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
                 self._end(run)
 
     async def GenerateStream(self, request: api.GenerateStreamRequest, context):
+        async for event in self.stream(request.input, context, surface="GenerateStream"):
+            yield event
+
+    async def stream(self, inp, context, surface: str):
+        """One request's GenerateStreamResponse events, for GenerateStream and for the HTTP
+        surfaces built on it (openai/routes.py); `surface` labels its metrics and log line."""
         started: list[RequestRun] = []
         self._watch(context, started)
         try:
             try:
-                spec = wire.request_spec(request.input)
+                spec = wire.request_spec(inp)
                 run, accepted = self._begin(spec, InputBudget(self._deps.limits), client.of_context(context))
                 started.append(run)
             except MstarError as err:
                 await errors.abort(context, err)  # before any message: a real status
                 return
             yield wire.stream_event(accepted)
-            async for event in self.metrics.observe(run.events(), run.request_id, "GenerateStream"):
+            async for event in self.metrics.observe(run.events(), run.request_id, surface):
                 yield wire.stream_event(event)
         finally:
             for run in started:

@@ -91,6 +91,9 @@ def test_metrics_move_and_return_to_idle(metered):
     assert moved(pre, before_pre, "mstar_preprocess_itl_seconds_count") >= n
     assert moved(pre, before_pre, "mstar_preprocess_e2e_seconds_sum") > 0
     assert moved(pre, before_pre, "mstar_preprocess_requests_total", finish_reason="length", status="OK") >= n
+    # Labelled by what the client called: the OpenAI requests are not counted as GenerateStream.
+    assert moved(pre, before_pre, "mstar_preprocess_requests_total", surface="completions") == HTTP_REQUESTS
+    assert moved(pre, before_pre, "mstar_preprocess_requests_total", surface="GenerateStream") == GRPC_REQUESTS
     assert moved(pre, before_pre, "mstar_preprocess_completion_tokens_total") >= n * MAX_TOKENS
 
 
@@ -111,6 +114,7 @@ def test_one_json_log_line_per_request(metered):
              if ln.startswith("{") and '"request done"' in ln]
     assert len(lines) >= HTTP_REQUESTS + GRPC_REQUESTS
     assert all(ln["request_id"] and ln["finish_reason"] for ln in lines)
+    assert {ln["surface"] for ln in lines} >= {"completions", "GenerateStream"}
 
 
 def test_unary_http_carries_timing_headers(metered):

@@ -49,6 +49,10 @@ def test_stop_string_not_leaked(fake_stack):
     done = events[-1].complete
     assert text == "one two"
     assert (done.finish_reason, done.stop_reason) == (pb.FINISH_REASON_STOP, " three")
+    # The engine never saw the stop string, yet the finish carries its real usage and timings
+    # (they used to be all 0): the request is stopped and its engine-side end awaited.
+    assert done.usage.cached_prompt_tokens == 2 and done.usage.completion_tokens == 3
+    assert done.timings.time_to_first_token_ms == 3.0 and done.timings.e2e_ms > 0
 
 
 def test_chat_messages(fake_stack, model):

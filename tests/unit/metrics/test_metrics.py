@@ -79,15 +79,15 @@ def test_request_clock_counts_gaps_between_chunks_only():
 def test_preprocess_request_done_and_json_log(caplog):
     m = PreprocessMetrics()
     clock = m.on_request_started("GenerateStream")
-    assert value(m, "mstar_preprocess_requests_in_flight", {"rpc": "GenerateStream"}) == 1
+    assert value(m, "mstar_preprocess_requests_in_flight", {"surface": "GenerateStream"}) == 1
     clock.on_tokens(1)
     clock.on_tokens(1)
     with caplog.at_level(logging.INFO, logger="mstar.requests"):
-        m.on_request_done("r-1", clock, rpc="GenerateStream", finish_reason="length", prompt_tokens=7,
+        m.on_request_done("r-1", clock, surface="GenerateStream", finish_reason="length", prompt_tokens=7,
                           timings={"queue_ms": 1.23456})
-    assert value(m, "mstar_preprocess_requests_in_flight", {"rpc": "GenerateStream"}) == 0
+    assert value(m, "mstar_preprocess_requests_in_flight", {"surface": "GenerateStream"}) == 0
     assert value(m, "mstar_preprocess_requests_total",
-                 {"rpc": "GenerateStream", "finish_reason": "length", "status": "OK"}) == 1
+                 {"surface": "GenerateStream", "finish_reason": "length", "status": "OK"}) == 1
     assert value(m, "mstar_preprocess_completion_tokens_total") == 2
     assert value(m, "mstar_preprocess_ttft_seconds_count") == 1
     assert value(m, "mstar_preprocess_itl_seconds_count") == 1
@@ -180,7 +180,7 @@ def test_observe_wraps_a_request_event_stream():
 
     async def consume(m, evs, stop_after=None):
         seen = []
-        gen = m.observe(events(*evs), "r", rpc="Session")
+        gen = m.observe(events(*evs), "r", surface="Session")
         async for e in gen:
             seen.append(e)
             if stop_after and len(seen) == stop_after:
@@ -192,12 +192,12 @@ def test_observe_wraps_a_request_event_stream():
     assert asyncio.run(consume(m, [chunk, SimpleNamespace(token_ids=(7,), text="c"), done]))[-1] is done
     asyncio.run(consume(m, [chunk, failed]))
     asyncio.run(consume(m, [chunk, chunk, done], stop_after=1))
-    assert value(m, "mstar_preprocess_requests_total", {"rpc": "Session", "finish_reason": "length", "status": "OK"}) == 1
+    assert value(m, "mstar_preprocess_requests_total", {"surface": "Session", "finish_reason": "length", "status": "OK"}) == 1
     assert value(m, "mstar_preprocess_requests_total",
-                 {"rpc": "Session", "finish_reason": "error", "status": "UNAVAILABLE"}) == 1
+                 {"surface": "Session", "finish_reason": "error", "status": "UNAVAILABLE"}) == 1
     assert value(m, "mstar_preprocess_requests_total",
-                 {"rpc": "Session", "finish_reason": "cancelled", "status": "CANCELLED"}) == 1
-    assert value(m, "mstar_preprocess_requests_in_flight", {"rpc": "Session"}) == 0
+                 {"surface": "Session", "finish_reason": "cancelled", "status": "CANCELLED"}) == 1
+    assert value(m, "mstar_preprocess_requests_in_flight", {"surface": "Session"}) == 0
     assert value(m, "mstar_preprocess_itl_seconds_count") == 1  # only the first request had two chunks
     assert value(m, "mstar_preprocess_completion_tokens_total") == 3 + 2 + 2
 
@@ -212,13 +212,13 @@ def test_observe_records_the_terminal_event_before_handing_it_on():
         yield done
 
     async def unary():  # returns on the terminal event and never resumes the generator
-        gen = m.observe(events(), "u", rpc="Generate")
+        gen = m.observe(events(), "u", surface="Generate")
         async for e in gen:
             assert value(m, "mstar_preprocess_requests_total",
-                         {"rpc": "Generate", "finish_reason": "stop", "status": "OK"}) == 1
-            assert value(m, "mstar_preprocess_requests_in_flight", {"rpc": "Generate"}) == 0
+                         {"surface": "Generate", "finish_reason": "stop", "status": "OK"}) == 1
+            assert value(m, "mstar_preprocess_requests_in_flight", {"surface": "Generate"}) == 0
             return e
 
     assert asyncio.run(unary()) is done
     assert value(m, "mstar_preprocess_requests_total",
-                 {"rpc": "Generate", "finish_reason": "cancelled", "status": "CANCELLED"}) is None
+                 {"surface": "Generate", "finish_reason": "cancelled", "status": "CANCELLED"}) is None
