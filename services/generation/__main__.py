@@ -18,7 +18,7 @@ import time
 
 from mstar.v1 import generation_service_pb2_grpc as gen_grpc
 
-from services.common import errors
+from services.common import errors, tracing
 from services.common.logs import setup_logging
 from services.common.metrics import GenerationMetrics, start_metrics_server
 from services.common.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer
@@ -59,6 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="exit (status 3) this long after the engine failed, for a supervisor to restart; "
                         "0 = stay up, NOT_SERVING")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0 = any); off if unset")
+    p.add_argument("--otlp-endpoint", default=None,
+                   help="export OpenTelemetry spans (OTLP/gRPC) here; default OTEL_EXPORTER_OTLP_ENDPOINT, else none")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -93,7 +95,9 @@ def warm_up(engine: Engine, timeout_s: float = 120.0) -> None:
 async def serve(args) -> bool:
     """Serve until stopped; True when the engine failed (the caller exits with EXIT_FAILED)."""
     loop = asyncio.get_running_loop()
-    server = GrpcServer("generation", args.host, args.port, max_message_bytes=args.max_message_bytes)
+    tracing.setup("generation", args.otlp_endpoint)
+    server = GrpcServer("generation", args.host, args.port, max_message_bytes=args.max_message_bytes,
+                        interceptors=tracing.server_interceptors())
     state = server.state
     servicer = GenerationServicer(state, status_interval_ms=args.status_interval_ms)
     server.add(gen_grpc.add_GenerationServiceServicer_to_server, servicer, "mstar.v1.GenerationService")
@@ -144,6 +148,7 @@ async def serve(args) -> bool:
     await server.wait_for_shutdown(args.grace_s, on_drain=drain)
     watchdog.stop()
     engine.stop()
+    tracing.shutdown()
     return state.state is State.FAILED
 
 

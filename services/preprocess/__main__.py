@@ -14,6 +14,7 @@ from pathlib import Path
 
 from mstar.v1 import inference_service_pb2_grpc as api_grpc
 
+from services.common import tracing
 from services.common.logs import setup_logging
 from services.common.metrics import PreprocessMetrics, start_metrics_server
 from services.common.server import GrpcServer
@@ -61,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a generation stream silent this long (no heartbeat) is stalled: its requests fail, "
                         "health NOT_SERVING")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0 = any); off if unset")
+    p.add_argument("--otlp-endpoint", default=None,
+                   help="export OpenTelemetry spans (OTLP/gRPC) here; default OTEL_EXPORTER_OTLP_ENDPOINT, else none")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -74,7 +77,8 @@ async def serve(args: argparse.Namespace) -> None:
         max_appends=args.max_appends,
         max_file_bytes=args.max_file_bytes,
     )
-    server = GrpcServer("preprocess", args.host, args.port)
+    tracing.setup("preprocess", args.otlp_endpoint)
+    server = GrpcServer("preprocess", args.host, args.port, interceptors=tracing.server_interceptors())
     metrics = PreprocessMetrics()
     metrics.watch_serving(server.state)
     if args.metrics_port is not None:
@@ -110,6 +114,7 @@ async def serve(args: argparse.Namespace) -> None:
         await backend.close()
 
     await server.wait_for_shutdown(args.grace_s, on_drain=on_drain)
+    tracing.shutdown()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -38,6 +38,7 @@ from mstar.v1 import generation_service_pb2 as gen_pb2
 from mstar.v1 import generation_service_pb2_grpc as gen_grpc
 from mstar.v1 import messages_pb2 as pb
 
+from services.common import tracing
 from services.common.errors import Code, MstarError, unavailable
 from services.common.server import channel_options
 from services.common.serving import ServingState
@@ -213,6 +214,8 @@ class GenerationBackend:
             input_modalities=[pb.MODALITY_TOKENS] if input_open else [],
             output_modalities=[pb.MODALITY_TOKENS],
             model_kwargs=pb.ModelKwargs(sampling=_sampling_pb(sampling, max_tokens)),
+            # The stream is shared by many traces: each request carries its own (the RPC's span).
+            trace_context=tracing.inject(),
         )
         self._send(pb.Envelope(preprocess_input=start))
         return request

@@ -4,7 +4,8 @@ that exits is restarted with backoff and the restart is printed), stop all on Ct
 Ports and model: flags, else MSTAR_HTTP_PORT / MSTAR_ADMIN_PORT / MSTAR_PREPROCESS_PORT /
 MSTAR_GENERATION_PORT / MSTAR_GENERATION_METRICS_PORT / MSTAR_PREPROCESS_METRICS_PORT / MSTAR_MODEL,
 else 8080 / 9901 / 50051 / 50052 / 9101 / 9102 / default. MSTAR_DEFAULT_MAX_TOKENS sets the
-max_tokens of requests that give none (default: whatever fits in the context).
+max_tokens of requests that give none (default: whatever fits in the context); MSTAR_OTLP_ENDPOINT
+(HOST:PORT) exports OpenTelemetry spans of all three to that collector (default: none).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--generation-port", type=int)
     p.add_argument("--generation-metrics-port", type=int)
     p.add_argument("--preprocess-metrics-port", type=int)
+    p.add_argument("--otlp-endpoint", metavar="HOST:PORT",
+                   help="export OpenTelemetry spans of Envoy and both services to this OTLP/gRPC collector "
+                        "(env MSTAR_OTLP_ENDPOINT); default: none exported")
     p.add_argument("--default-max-tokens", type=int,
                    help="max_tokens of a request that sets none (env MSTAR_DEFAULT_MAX_TOKENS); default: what fits")
     p.add_argument("--null-engine", action="store_true", help="generation without a model (plumbing tests)")
@@ -75,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         model=args.model, http_port=args.http_port, admin_port=args.admin_port,
         preprocess_port=args.preprocess_port, generation_port=args.generation_port,
         generation_metrics_port=args.generation_metrics_port, preprocess_metrics_port=args.preprocess_metrics_port,
-        default_max_tokens=args.default_max_tokens,
+        default_max_tokens=args.default_max_tokens, otlp_endpoint=args.otlp_endpoint,
         log_dir=args.log_dir, ready_timeout_s=args.ready_timeout, null_engine=args.null_engine or None,
         dtype=args.dtype, quantization=args.quantization)
 

@@ -52,6 +52,8 @@ class StackConfig:
     generation_metrics_port: int = 9101
     # max_tokens of a request that sets none (preprocess --default-max-tokens); None = what fits.
     default_max_tokens: int | None = None
+    # OpenTelemetry collector (OTLP/gRPC, HOST:PORT) for the spans of Envoy and both services; none = no export.
+    otlp_endpoint: str | None = None
     null_engine: bool = False
     dtype: str = "auto"  # generation --dtype: auto = fp32 on CPU (HF parity), bf16 on CUDA
     quantization: str = "none"  # generation --quantization: gguf = the GGUF's 4-bit weights as they are
@@ -72,6 +74,8 @@ class StackConfig:
             values["quantization"] = os.environ["MSTAR_QUANTIZATION"]
         if os.environ.get("MSTAR_DEFAULT_MAX_TOKENS"):
             values["default_max_tokens"] = int(os.environ["MSTAR_DEFAULT_MAX_TOKENS"])
+        if os.environ.get("MSTAR_OTLP_ENDPOINT"):
+            values["otlp_endpoint"] = os.environ["MSTAR_OTLP_ENDPOINT"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
 
@@ -117,9 +121,13 @@ class Stack:
                 "envoy": f"{self.admin_url}/stats/prometheus"}
 
     def envoy_settings(self, **overrides: object) -> EnvoySettings:
+        tracing: dict[str, object] = {}
+        if self.config.otlp_endpoint:
+            host, _, port = self.config.otlp_endpoint.removeprefix("http://").rpartition(":")
+            tracing = {"otlp_host": host, "otlp_port": int(port)}
         return replace(VARIANTS["local"], http_port=self.config.http_port, admin_port=self.config.admin_port,
                        upstream_host=self.config.host, upstream_port=self.config.preprocess_port,
-                       **{**self.config.envoy_overrides, **overrides})
+                       **{**tracing, **self.config.envoy_overrides, **overrides})
 
     # ---- lifecycle
     def start(self) -> Stack:
@@ -128,6 +136,8 @@ class Stack:
         py = sys.executable
         gen_argv = [py, "-m", "services.generation", "--model", c.model, "--host", c.host,
                     "--port", str(c.generation_port), "--metrics-port", str(c.generation_metrics_port)]
+        otlp = ["--otlp-endpoint", c.otlp_endpoint] if c.otlp_endpoint else []
+        gen_argv += otlp
         if c.null_engine:
             gen_argv.append("--null-engine")
         else:
@@ -139,6 +149,7 @@ class Stack:
                     "--metrics-port", str(c.preprocess_metrics_port)]
         if c.default_max_tokens is not None:
             pre_argv += ["--default-max-tokens", str(c.default_max_tokens)]
+        pre_argv += otlp
         self.children["preprocess"] = Child("preprocess", pre_argv + c.preprocess_args,
                                             self.log_dir / "preprocess.log")
         self.children["envoy"] = start_envoy(self.envoy_settings(), self.log_dir)
