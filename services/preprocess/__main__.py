@@ -39,11 +39,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--max-prompt-tokens", type=int, default=256 * 1024, help="admission: prompt tokens in flight"
     )
-    p.add_argument("--max-requests-per-client", type=int, default=16,
-                   help="admission: requests in flight of one client (API key, else client address)")
-    p.add_argument("--max-open-inputs", type=int, default=32, help="admission: requests whose input is open")
-    p.add_argument("--max-open-inputs-per-client", type=int, default=4,
-                   help="admission: requests whose input is open, per client")
+    p.add_argument("--max-requests-per-client", type=int, default=None,
+                   help="admission: requests in flight of one client (API key, else client address); "
+                        "default 3/4 of --max-requests")
+    p.add_argument("--max-open-inputs", type=int, default=None,
+                   help="admission: requests whose input is open; default 1/2 of --max-requests")
+    p.add_argument("--max-open-inputs-per-client", type=int, default=None,
+                   help="admission: requests whose input is open, per client; default 1/4 of --max-requests")
     p.add_argument("--max-tokens-cap", type=int, default=8192, help="largest max_tokens accepted")
     p.add_argument("--default-max-tokens", type=int, default=None,
                    help="max_tokens of a request that sets none (default: whatever fits in the context)")
@@ -86,10 +88,9 @@ async def serve(args: argparse.Namespace) -> None:
     # Health follows the backend: the dependency "generation" is down until the stream is up.
     backend = GenerationBackend(args.generation, state=server.state, on_status=metrics.on_conductor_status,
                                 stall_s=args.backend_stall_s)
-    admission = Admission(AdmissionLimits(
-        max_requests=args.max_requests, max_prompt_tokens=args.max_prompt_tokens,
-        max_requests_per_client=args.max_requests_per_client, max_open_inputs=args.max_open_inputs,
-        max_open_inputs_per_client=args.max_open_inputs_per_client))
+    admission = Admission(AdmissionLimits.sized(
+        args.max_requests, args.max_prompt_tokens, max_requests_per_client=args.max_requests_per_client,
+        max_open_inputs=args.max_open_inputs, max_open_inputs_per_client=args.max_open_inputs_per_client))
     metrics.watch_admission(admission)
     deps = Deps(
         model=model,

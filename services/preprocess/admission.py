@@ -8,12 +8,15 @@ clients does not come back all at once.
 
 Bounds (AdmissionLimits; docs/http.md "Fair admission"):
 - all clients together: `max_requests` requests and `max_prompt_tokens` prompt tokens in flight;
-- one client (client.py says who that is): at most `max_requests_per_client` of those slots, so
-  one client can never take them all (64 cheap Session streams used to lock everyone else out);
+- one client (client.py says who that is): at most `max_requests_per_client` of those slots
+  (default 3/4), so one client can never take them all (64 cheap Session streams used to lock
+  everyone else out) while a lone client, or an app server all users reach mstar through, keeps
+  most of the capacity;
 - open input: a request whose input is still open costs nothing to hold, so holding them is
-  bounded separately: `max_open_inputs` over all clients and `max_open_inputs_per_client` each.
-  Together with the idle timeout and the absolute open-input lifetime (request_run.py) this
-  bounds the open-input time any client can hold: per-client slots x lifetime.
+  bounded separately: `max_open_inputs` over all clients (default 1/2 of the slots) and
+  `max_open_inputs_per_client` each (1/4). Together with the idle timeout and the absolute
+  open-input lifetime (request_run.py) this bounds the open-input time any client can hold:
+  per-client open inputs x lifetime.
 
 Event-loop only (the servicer); `snapshot` may be read from the metrics thread.
 """
@@ -30,9 +33,22 @@ from services.common.errors import MstarError, resource_exhausted
 class AdmissionLimits:
     max_requests: int = 64
     max_prompt_tokens: int = 256 * 1024
-    max_requests_per_client: int = 16
+    max_requests_per_client: int = 48
     max_open_inputs: int = 32
-    max_open_inputs_per_client: int = 4
+    max_open_inputs_per_client: int = 16
+
+    @classmethod
+    def sized(cls, max_requests: int = 64, max_prompt_tokens: int = 256 * 1024, *,
+              max_requests_per_client: int | None = None, max_open_inputs: int | None = None,
+              max_open_inputs_per_client: int | None = None) -> AdmissionLimits:
+        """The shares as fractions of `max_requests` unless given: 3/4 per client, open inputs
+        1/2 overall and 1/4 per client (at least 1 each)."""
+        return cls(
+            max_requests, max_prompt_tokens,
+            max_requests_per_client or max(1, max_requests - max_requests // 4),
+            max_open_inputs or max(1, max_requests // 2),
+            max_open_inputs_per_client or max(1, max_requests // 4),
+        )
 
 
 @dataclass

@@ -18,8 +18,8 @@ import pytest
 from mstar.v1 import inference_service_pb2 as api
 from mstar.v1 import inference_service_pb2_grpc as api_grpc
 from mstar.v1 import messages_pb2 as pb
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.e2e.test_metrics_e2e import scrape
 from tests.reliability import probe
 from tests.reliability.conftest import NULL_STEP
 
@@ -28,18 +28,11 @@ pytestmark = pytest.mark.reliability
 KEYS = ("squatter-key", "victim-key")
 
 
-def _scrape(url: str) -> dict[tuple[str, tuple], float]:
-    out = {}
-    for family in text_string_to_metric_families(httpx.get(url, timeout=5).text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
 def test_r36_64_open_sessions_from_one_api_key_do_not_lock_out_another(make_rig, figures):
     """The squatter opens 64 Sessions, each starting a request whose input stays open (the cheap
-    way to hold a slot). It gets 4 (open inputs per client), the other 60 are refused per request
-    with OPEN_INPUT_LIMIT; the victim, with another key, is served at once."""
+    way to hold a slot). With the shipped defaults it gets 16 (open inputs per client: 1/4 of the
+    64 slots), the other 48 are refused per request with OPEN_INPUT_LIMIT; the victim, with another
+    key, is served at once, an open input of its own included."""
     rig = make_rig(generation_args=NULL_STEP, envoy_overrides={"api_keys": KEYS})
 
     async def scenario():
@@ -66,17 +59,19 @@ def test_r36_64_open_sessions_from_one_api_key_do_not_lock_out_another(make_rig,
                 request_id="victim-open", text="a", input_modalities=[pb.MODALITY_TEXT],
                 model_kwargs=probe.sampling(2))))
             victim_open = (await own.read()).WhichOneof("event")
+            metrics = scrape(rig.stack.metrics_urls["preprocess"])  # while everything is held
             for call in [*sessions, own]:
                 call.cancel()
-            return kinds, reasons, reply, victim_s, victim_open
+            return kinds, reasons, reply, victim_s, victim_open, metrics
 
-    kinds, reasons, reply, victim_s, victim_open = rig.run(scenario(), timeout_s=60)
-    assert kinds.count("accepted") == 4 and kinds.count("failed") == 60, kinds
+    kinds, reasons, reply, victim_s, victim_open, metrics = rig.run(scenario(), timeout_s=60)
+    assert kinds.count("accepted") == 16 and kinds.count("failed") == 48, kinds
     assert reasons == {"OPEN_INPUT_LIMIT"}
     assert reply.complete.usage.completion_tokens == 2 and victim_open == "accepted"
     figures["r36_victim_served_in_s"] = round(victim_s, 3)
-    metrics = _scrape(rig.stack.metrics_urls["preprocess"])
-    assert metrics[("mstar_preprocess_admission_rejections_total", (("reason", "OPEN_INPUT_LIMIT"),))] == 60
+    assert metrics[("mstar_preprocess_admission_rejections_total", (("reason", "OPEN_INPUT_LIMIT"),))] == 48
+    assert metrics[("mstar_preprocess_admission_open_inputs", ())] == 17  # 16 squatting, 1 the victim's
+    assert metrics[("mstar_preprocess_admission_clients", ())] == 2
     # Recovered: idle engine, and a canary (straight to preprocess: Envoy wants a key here).
     rig.run(probe.wait_engine_idle(rig.generation, rig.kv_baseline, 15))
     rig.run(probe.canary(rig.preprocess))
@@ -112,7 +107,7 @@ def test_r37_one_address_cannot_take_every_slot_and_cannot_pose_as_another(make_
             served = await victim.post("/v1/generate", json={"text": "hi", "model_kwargs": {
                 "sampling": {"max_tokens": 2}}})
             victim_s = asyncio.get_running_loop().time() - t0
-            snapshot = _scrape(rig.stack.metrics_urls["preprocess"])
+            snapshot = scrape(rig.stack.metrics_urls["preprocess"])
             return statuses, refused, served, victim_s, snapshot  # leaving the stack closes every stream
 
     statuses, refused, served, victim_s, snapshot = rig.run(scenario(), timeout_s=60)

@@ -51,6 +51,12 @@ def test_one_client_cannot_take_every_slot():
     assert adm.snapshot()["clients"] == 1
 
 
+def test_shares_default_to_fractions_of_the_slots():
+    assert AdmissionLimits.sized(64) == AdmissionLimits(64, 256 * 1024, 48, 32, 16)
+    small = AdmissionLimits.sized(2, 100, max_open_inputs=5)
+    assert (small.max_requests_per_client, small.max_open_inputs, small.max_open_inputs_per_client) == (2, 5, 1)
+
+
 def test_open_inputs_have_their_own_per_client_and_global_bounds():
     adm = Admission(AdmissionLimits(max_requests=64, max_requests_per_client=64, max_open_inputs=5,
                                     max_open_inputs_per_client=2))
