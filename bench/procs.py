@@ -74,25 +74,6 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
     raise TimeoutError(f"{url} not ready after {timeout} s")
 
 
-def wait_grpc_serving(target: str, proc: subprocess.Popen, timeout: float = 180.0) -> None:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(target) as ch:
-        stub = health_pb2_grpc.HealthStub(ch)
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{proc.args} exited with {proc.returncode} before serving")
-            try:
-                if stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.3)
-    raise TimeoutError(f"{target} not SERVING after {timeout} s")
-
-
 def read_port_line(proc: subprocess.Popen, log_name: str, timeout: float = 30.0) -> int:
     """For children that print 'PORT <n>' (the bare server)."""
     deadline = time.monotonic() + timeout

@@ -99,7 +99,9 @@ def transport(s: Settings) -> dict:
         out["bare"] = asyncio.run(go_bare())
     finally:
         procs.stop(bare)
-    config = StackConfig.with_free_ports(null_engine=True, log_dir=OUT / "logs" / "null", ready_timeout_s=240.0)
+    # One load generator is one client: let it use every slot (fair admission would cap it at 3/4).
+    config = StackConfig.with_free_ports(null_engine=True, log_dir=OUT / "logs" / "null", ready_timeout_s=240.0,
+                                         preprocess_args=["--max-requests-per-client", "64"])
     log("starting mstar stack with --null-engine")
     with Stack(config) as stack:
         pids = [c.pid for c in stack.children.values()]

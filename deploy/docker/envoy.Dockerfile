@@ -2,7 +2,9 @@
 # Build from the repo root: docker build -f deploy/docker/envoy.Dockerfile .
 FROM python:3.11-slim AS descriptor
 WORKDIR /src
-RUN pip install --no-cache-dir grpcio-tools googleapis-common-protos
+# protoc and googleapis at the versions and hashes of requirements.lock (deploy/docker/locks.py).
+COPY deploy/docker/requirements-protos.lock /tmp/requirements.lock
+RUN pip install --no-cache-dir --require-hashes -r /tmp/requirements.lock
 COPY protos protos
 COPY deploy/docker/gen_protos.sh /tmp/gen_protos.sh
 RUN /tmp/gen_protos.sh /out

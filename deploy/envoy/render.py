@@ -49,6 +49,13 @@ class EnvoySettings:
     # never cut). /health is answered before both, so probes need no key.
     api_keys: tuple[str, ...] = ()
     rate_limit_rps: int = 0
+    # Proxies in front of Envoy whose X-Forwarded-For entries are trusted (0: Envoy is the edge;
+    # 1 behind a cloud load balancer that appends the client address). Decides the client address
+    # preprocess shares admission by.
+    xff_num_trusted_hops: int = 0
+    # OpenTelemetry export of Envoy's spans (OTLP/gRPC), off unless a collector is named here.
+    otlp_host: str = ""
+    otlp_port: int = 4317
     # Overload manager: stop accepting requests near the heap cap; bound downstream connections.
     max_heap_bytes: int = 1024 * 1024 * 1024
     max_downstream_connections: int = 10_000
@@ -69,16 +76,20 @@ COMMITTED = {"compose": HERE / "envoy.compose.yaml", "k8s": ROOT / "deploy" / "k
 
 # HTTP status of an Envoy local reply → the gRPC code a transcoded error with that status carries
 # (the inverse of services/common/errors.py HTTP_STATUS), so both error sources share one shape.
-LOCAL_REPLY_GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 408: 4, 413: 8, 415: 3, 429: 8, 431: 8, 499: 1, 500: 13,
-                          501: 12, 502: 14, 503: 14, 504: 4}
+LOCAL_REPLY_GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 405: 12, 408: 4, 413: 8, 415: 3, 429: 8, 431: 8, 499: 1,
+                          500: 13, 501: 12, 502: 14, 503: 14, 504: 4}
 
 
-def _error_body(code: int) -> dict:
+# Reasons for the local replies the routes make themselves (direct responses), instead of Envoy's
+# internal "direct_response" detail.
+LOCAL_REPLY_REASONS = {405: "METHOD_NOT_ALLOWED", 415: "UNSUPPORTED_MEDIA_TYPE"}
+
+
+def _error_body(code: int, reason: str = "%RESPONSE_CODE_DETAILS%") -> dict:
     return {"json_format": {
         "code": code,
         "message": "%LOCAL_REPLY_BODY%",
-        "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
-                     "reason": "%RESPONSE_CODE_DETAILS%", "domain": "envoy"}],
+        "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason, "domain": "envoy"}],
     }}
 
 
@@ -95,7 +106,9 @@ def local_reply_config() -> dict:
          "body_format_override": {"json_format": {"status": "SERVING"}}},
         {"filter": health, "body_format_override": {"json_format": {"status": "NOT_SERVING"}}},
     ]
-    mappers += [{"filter": _status_is("EQ", status), "body_format_override": _error_body(code)}
+    mappers += [{"filter": _status_is("EQ", status),
+                 "body_format_override": _error_body(code, *([LOCAL_REPLY_REASONS[status]] if status in
+                                                             LOCAL_REPLY_REASONS else []))}
                 for status, code in LOCAL_REPLY_GRPC_CODES.items()]
     return {"mappers": mappers, "body_format": _error_body(2)}
 
@@ -144,10 +157,38 @@ def overload_manager(settings: EnvoySettings) -> dict:
     }
 
 
+def tracing(settings: EnvoySettings) -> tuple[str, str]:
+    """Envoy's OpenTelemetry tracer and the cluster of its collector, when one is configured.
+
+    With a collector, Envoy starts (or continues, from a client's traceparent) the trace of every
+    request, sends W3C trace context upstream and prints the trace id in its access log. Without
+    one there is no tracer at all (Envoy's OpenTelemetry tracer refuses to run without an
+    exporter): a client's traceparent passes through as any header, preprocess starts the trace
+    otherwise, and the access log and the services' logs join on x-request-id."""
+    if not settings.otlp_host:
+        return "", ""
+    config = {"@type": "type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig", "service_name": "envoy",
+              "grpc_service": {"envoy_grpc": {"cluster_name": "otlp_collector"}, "timeout": "1s"}}
+    hcm_tracing = "          tracing: " + json.dumps({"provider": {"name": "envoy.tracers.opentelemetry",
+                                                                  "typed_config": config}}) + "\n"
+    address = {"socket_address": {"address": settings.otlp_host, "port_value": settings.otlp_port}}
+    cluster = "\n  - " + json.dumps({
+        "name": "otlp_collector", "type": "STRICT_DNS", "connect_timeout": "1s",
+        "load_assignment": {"cluster_name": "otlp_collector",
+                            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address}}]}]},
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}}}},
+    })
+    return hcm_tracing, cluster
+
+
 def render(settings: EnvoySettings) -> str:
     values = {k: str(v) for k, v in asdict(settings).items()}
     values["security_filters"] = "".join(f"\n          - {json.dumps(f)}" for f in security_filters(settings))
+    values["client_header_removal"] = "" if settings.api_keys else "\n              request_headers_to_remove: [x-mstar-client]"
     values["overload_manager"] = json.dumps(overload_manager(settings))
+    values["tracing"], values["otlp_cluster"] = tracing(settings)
     # JSON is valid YAML flow syntax, so generated blocks drop into the template as one line.
     values["local_reply_config"] = json.dumps(local_reply_config())
     # A JSON string literal is a valid YAML double-quoted scalar: embeds the Lua source verbatim.
@@ -173,6 +214,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--descriptor")
     parser.add_argument("--api-key", action="append", default=[], help="enable API-key auth (repeatable)")
     parser.add_argument("--rate-limit-rps", type=int, help="enable local rate limiting")
+    parser.add_argument("--otlp", metavar="HOST:PORT", help="export Envoy's spans to this OTLP/gRPC collector")
+    parser.add_argument("--xff-num-trusted-hops", type=int, help="proxies in front of Envoy (client address)")
     args = parser.parse_args(argv)
     if args.write_committed:
         for variant, path in COMMITTED.items():
@@ -184,7 +227,11 @@ def main(argv: list[str] | None = None) -> None:
         "http_port": args.http_port, "admin_port": args.admin_port, "upstream_host": args.upstream_host,
         "upstream_port": args.upstream_port, "descriptor_path": args.descriptor,
         "api_keys": tuple(args.api_key) or None, "rate_limit_rps": args.rate_limit_rps,
+        "xff_num_trusted_hops": args.xff_num_trusted_hops,
     }
+    if args.otlp:
+        host, _, port = args.otlp.rpartition(":")
+        overrides.update(otlp_host=host, otlp_port=int(port))
     settings = replace(VARIANTS[args.variant], **{k: v for k, v in overrides.items() if v is not None})
     print(write(settings, args.out))
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import grpc
 from google.protobuf import duration_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 DOMAIN = "mstar.dev"
@@ -90,10 +90,6 @@ class MstarError(Exception):
     def http_status(self) -> int:
         return HTTP_STATUS.get(self.code, 500)
 
-    @property
-    def grpc_code(self) -> grpc.StatusCode:
-        return rpc_status.code_to_grpc_status_code(int(self.code))
-
 
 # ---- constructors for the common cases (keep call sites short and reasons consistent)
 
@@ -130,10 +126,6 @@ def resource_exhausted(what: str, reason: str, retry_after_s: float | None = 1.0
 
 def unavailable(what: str, reason: str = "BACKEND_UNAVAILABLE", retry_after_s: float | None = 1.0) -> MstarError:
     return MstarError(Code.UNAVAILABLE, reason, what, retry_after_s=retry_after_s)
-
-
-def deadline_exceeded(what: str = "deadline exceeded") -> MstarError:
-    return MstarError(Code.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED", what)
 
 
 def cancelled(what: str = "cancelled by the client") -> MstarError:
@@ -175,22 +167,3 @@ def to_grpc_status(err: MstarError) -> grpc.Status:
 async def abort(context: grpc.aio.ServicerContext, err: MstarError) -> None:
     """End an aio RPC with `err`. Raises (never returns), like context.abort."""
     await context.abort_with_status(to_grpc_status(err))
-
-
-def from_grpc_error(exc: grpc.RpcError) -> MstarError:
-    """Rebuild an MstarError from a failed call (keeps ErrorInfo reason when present)."""
-    code = Code(exc.code().value[0]) if exc.code() is not None else Code.UNKNOWN
-    message = exc.details() or code.name
-    reason = code.name
-    status = rpc_status.from_call(exc) if hasattr(exc, "trailing_metadata") else None
-    if status is not None:
-        for detail in status.details:
-            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                info = error_details_pb2.ErrorInfo()
-                detail.Unpack(info)
-                reason = info.reason
-    return MstarError(code, reason, message)
-
-
-def code_name(code: int) -> str:
-    return code_pb2.Code.Name(code) if code in code_pb2.Code.values() else str(code)

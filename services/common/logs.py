@@ -1,4 +1,5 @@
-"""Structured JSON logs: one object per line with the record's `extra` fields merged in."""
+"""Structured JSON logs: one object per line with the record's `extra` fields merged in, and the
+trace_id / span_id of the OpenTelemetry span current where the line was written (tracing.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 import logging
 import sys
 import time
+
+from services.common import tracing
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
@@ -17,6 +20,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
+            **tracing.log_fields(),
         }
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):

@@ -6,9 +6,9 @@ listed in docs/metrics.md; keep the two in step. Labels are low-cardinality enum
 request ids (those go to the JSON log line written at completion).
 
     gen = GenerationMetrics()                    pre = PreprocessMetrics()
-    gen.on_step(...)          # every step       pre.on_admission_rejected("queue_full")
-    gen.on_request_finished(completion)          pre.on_request_done(request_id, clock, ...)
-    gen.on_request_failed("INVALID_ARGUMENT")    pre.on_conductor_status(status_pb)
+    gen.on_engine_output(step_output, engine)    pre.on_admission_rejected("OVERLOADED")
+    # (engine thread, every step)                async for e in pre.observe(events, rid, surface="Generate"): ...
+                                                 pre.on_conductor_status(status_pb)
     start_metrics_server("0.0.0.0", 9101, gen.registry)
 """
 
@@ -30,6 +30,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+# How long a streamed input stays open: appends arrive over seconds to minutes (lifetime cap 300 s).
+OPEN_INPUT_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 request_log = logging.getLogger("mstar.requests")
 
@@ -43,6 +45,25 @@ def start_metrics_server(host: str, port: int, registry: CollectorRegistry) -> i
 
 def _histogram(name: str, doc: str, registry: CollectorRegistry, buckets=LATENCY_BUCKETS, labels=()):
     return Histogram(name, doc, labelnames=labels, buckets=buckets, registry=registry)
+
+
+class _ServingGauges:
+    """<prefix>serving_state{state} (1 for the current ServingState, 0 for the others) and
+    <prefix>ready (1 while health reports SERVING: serving and every dependency up)."""
+
+    def __init__(self, prefix: str, registry: CollectorRegistry) -> None:
+        from services.common.serving import State
+
+        self._states = [s.value for s in State]
+        self.state = Gauge(prefix + "serving_state", "1 for the process's serving state (starting, serving, "
+                           "draining, failed), 0 for the others.", labelnames=("state",), registry=registry)
+        self.ready = Gauge(prefix + "ready", "1 while health reports SERVING (state serving and every "
+                           "dependency up).", registry=registry)
+
+    def __call__(self, serving: Any) -> None:
+        for name in self._states:
+            self.state.labels(name).set(1 if name == serving.state.value else 0)
+        self.ready.set(1 if serving.is_ready else 0)
 
 
 class GenerationMetrics:
@@ -81,40 +102,17 @@ class GenerationMetrics:
                               "(decode time / (tokens - 1)).", r)
         self.e2e = _histogram(p + "e2e_seconds", "Arrival to completion.", r)
         self.preempted_time = _histogram(p + "preempted_seconds", "Time a request spent preempted.", r)
+        self._serving = _ServingGauges(p, r)
         self._busy = False
         self._last_output: float | None = None
         self._seen: dict[str, float] = {}
 
-    def on_step(
-        self,
-        duration_s: float,
-        *,
-        running: int,
-        waiting: int,
-        preempted: int = 0,
-        kv_blocks_used: int,
-        kv_blocks_free: int,
-        batch_tokens: int,
-        generated_tokens: int,
-        new_preemptions: int = 0,
-        prefix_query_tokens: int = 0,
-        prefix_hit_tokens: int = 0,
-    ) -> None:
-        """After every engine step: the scheduler's state as it leaves the step, plus this step's
-        increments (tokens sampled, preemptions and prefix-cache lookups made in it)."""
-        self.steps.inc()
-        self.step_seconds.observe(duration_s)
-        self.step_tokens.observe(batch_tokens)
-        self.set_idle_state(running, waiting, preempted, kv_blocks_used, kv_blocks_free)
-        self.generation_tokens.inc(generated_tokens)
-        if new_preemptions:
-            self.preemptions.inc(new_preemptions)
-        if prefix_query_tokens:
-            self.prefix_queries.inc(prefix_query_tokens)
-            self.prefix_hits.inc(prefix_hit_tokens)
+    def watch_serving(self, state: Any) -> None:
+        """Follow a ServingState (services/common/serving.py) in the serving gauges."""
+        state.on_change(self._serving)
 
     def set_idle_state(self, running: int, waiting: int, preempted: int, kv_used: int, kv_free: int) -> None:
-        """Gauges only: also called when the loop goes idle, so a scrape then reads 0 running."""
+        """Gauges only: the scheduler's state as it leaves the step (0 running once idle)."""
         self.running.set(running)
         self.waiting.set(waiting)
         self.preempted.set(preempted)
@@ -216,12 +214,14 @@ class PreprocessMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
         p = "mstar_preprocess_"
-        self.in_flight = Gauge(p + "requests_in_flight", "Admitted requests not yet ended.",
-                               labelnames=("rpc",), registry=r)
+        # `surface`: what the client called, a native RPC name (Generate, GenerateStream, Session) or
+        # an HTTP API (chat.completions, completions): the caller passes it, nothing is inferred.
+        self.in_flight = Gauge(p + "requests_in_flight", "Admitted requests not yet ended, by surface.",
+                               labelnames=("surface",), registry=r)
         self.rejections = Counter(p + "admission_rejections", "Requests refused by admission or "
                                   "validation before starting, by reason.", labelnames=("reason",), registry=r)
-        self.requests = Counter(p + "requests", "Requests ended, by RPC, finish reason and status.",
-                                labelnames=("rpc", "finish_reason", "status"), registry=r)
+        self.requests = Counter(p + "requests", "Requests ended, by surface, finish reason and status.",
+                                labelnames=("surface", "finish_reason", "status"), registry=r)
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens of ended requests.", registry=r)
         self.completion_tokens = Counter(p + "completion_tokens", "Tokens sent to clients.", registry=r)
         self.ttft = _histogram(p + "ttft_seconds", "Arrival at the API to the first text chunk sent.", r)
@@ -229,16 +229,34 @@ class PreprocessMetrics:
         self.e2e = _histogram(p + "e2e_seconds", "Arrival at the API to the terminal event.", r)
         self.preprocess = _histogram(p + "preprocess_seconds", "Template + tokenization + checks of one "
                                      "request.", r, STEP_BUCKETS)
+        self.failures = Counter(p + "requests_failed", "Requests that ended with an error, by its ErrorInfo "
+                                "reason (e.g. INPUT_OPEN_TOO_LONG, BACKEND_STALLED).", labelnames=("reason",),
+                                registry=r)
+        self.input_open = _histogram(p + "input_open_seconds", "How long a streamed input stayed open (start "
+                                     "to its end, or to the end of the request).", r, OPEN_INPUT_BUCKETS)
         self.conductor = ConductorCollector()
         r.register(self.conductor)
+        self._serving = _ServingGauges(p, r)
 
-    def on_request_started(self, rpc: str) -> RequestClock:
+    def watch_serving(self, state: Any) -> None:
+        """Follow a ServingState (services/common/serving.py) in the serving gauges."""
+        state.on_change(self._serving)
+
+    def on_request_started(self, surface: str) -> RequestClock:
         """Call once admitted; the returned clock goes back into on_request_done."""
-        self.in_flight.labels(rpc).inc()
+        self.in_flight.labels(surface).inc()
         return RequestClock()
 
     def on_preprocessed(self, seconds: float) -> None:
         self.preprocess.observe(seconds)
+
+    def on_input_closed(self, seconds: float) -> None:
+        """A request that had a streamed input ended; `seconds` it was open."""
+        self.input_open.observe(seconds)
+
+    def watch_admission(self, admission: Any) -> None:
+        """Export an Admission's fairness state at scrape time (admission.snapshot())."""
+        self.registry.register(_AdmissionCollector(admission))
 
     def on_admission_rejected(self, reason: str) -> None:
         """`reason` is the ErrorInfo reason, e.g. TOO_MANY_REQUESTS or PROMPT_TOO_LONG."""
@@ -249,7 +267,7 @@ class PreprocessMetrics:
         request_id: str,
         clock: RequestClock,
         *,
-        rpc: str,
+        surface: str,
         finish_reason: str,
         status: str = "OK",
         prompt_tokens: int = 0,
@@ -260,8 +278,8 @@ class PreprocessMetrics:
         count it, and write its one JSON log line (request id + engine timings, in ms)."""
         e2e = time.monotonic() - clock.start
         out_tokens = clock.tokens if completion_tokens is None else completion_tokens
-        self.in_flight.labels(rpc).dec()
-        self.requests.labels(rpc, finish_reason, status).inc()
+        self.in_flight.labels(surface).dec()
+        self.requests.labels(surface, finish_reason, status).inc()
         self.prompt_tokens.inc(prompt_tokens)
         self.completion_tokens.inc(out_tokens)
         self.e2e.observe(e2e)
@@ -270,19 +288,19 @@ class PreprocessMetrics:
         for gap in clock.gaps:
             self.itl.observe(gap)
         request_log.info("request done", extra={
-            "request_id": request_id, "rpc": rpc, "finish_reason": finish_reason, "status": status,
+            "request_id": request_id, "surface": surface, "finish_reason": finish_reason, "status": status,
             "prompt_tokens": prompt_tokens, "completion_tokens": out_tokens,
             "api_ttft_ms": None if clock.ttft_s is None else round(clock.ttft_s * 1e3, 3),
             "api_e2e_ms": round(e2e * 1e3, 3), **{k: round(v, 3) for k, v in (timings or {}).items()},
         })
 
-    async def observe(self, events: AsyncIterator, request_id: str, rpc: str) -> AsyncIterator:
+    async def observe(self, events: AsyncIterator, request_id: str, surface: str) -> AsyncIterator:
         """The whole per-request wiring in one call: wrap a request's event stream,
-        `async for event in metrics.observe(run.events(), run.request_id, rpc="GenerateStream")`.
+        `async for event in metrics.observe(run.events(), run.request_id, surface="GenerateStream")`.
         Duck-typed on the preprocess events: a chunk has `token_ids`; the terminal Complete has
         finish_reason / prompt_tokens / completion_tokens / timings_ms; Failed has `error` (an
         MstarError). A stream closed before its terminal event (client gone) counts as cancelled."""
-        clock = self.on_request_started(rpc)
+        clock = self.on_request_started(surface)
         done = False
         try:
             async for event in events:
@@ -294,19 +312,42 @@ class PreprocessMetrics:
                            "completion_tokens": event.completion_tokens, "timings": dict(event.timings_ms)}
                 elif hasattr(event, "error") and hasattr(event.error, "code"):
                     end = {"finish_reason": "error", "status": event.error.code.name}
+                    self.failures.labels(getattr(event.error, "reason", "") or event.error.code.name).inc()
                 if end is not None and not done:
                     # Recorded before the terminal event is handed on: a caller that returns on
                     # it (unary Generate) may never resume this generator.
                     done = True
-                    self.on_request_done(request_id, clock, rpc=rpc, **end)
+                    self.on_request_done(request_id, clock, surface=surface, **end)
                 yield event
         finally:
             if not done:
-                self.on_request_done(request_id, clock, rpc=rpc, finish_reason="cancelled", status="CANCELLED")
+                self.on_request_done(request_id, clock, surface=surface, finish_reason="cancelled",
+                                     status="CANCELLED")
 
     def on_conductor_status(self, status: Any) -> None:
         """Export a ConductorStatus protobuf pushed by the generation service."""
         self.conductor.update(status)
+
+
+class _AdmissionCollector:
+    """mstar_preprocess_admission_* gauges, read from the Admission when scraped."""
+
+    _GAUGES = {
+        "clients": "Clients holding admission slots (API-key clients, or client addresses).",
+        "busiest_client_requests": "Requests in flight of the client holding the most.",
+        "open_inputs": "Admitted requests whose input is still open.",
+    }
+
+    def __init__(self, admission: Any) -> None:
+        self._admission = admission
+
+    def describe(self) -> Iterable:
+        return []
+
+    def collect(self) -> Iterable:
+        snapshot = self._admission.snapshot()
+        for key, doc in self._GAUGES.items():
+            yield GaugeMetricFamily("mstar_preprocess_admission_" + key, doc, value=snapshot[key])
 
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")

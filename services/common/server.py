@@ -1,12 +1,17 @@
 """grpc.aio server bootstrap shared by both services: health, reflection, size limits, signals.
 
 Usage:
-    server = GrpcServer(host, port, max_message_bytes=...)
+    server = GrpcServer("generation", host, port, max_message_bytes=...)
     server.add(pb2_grpc.add_FooServicer_to_server, servicer, "mstar.v1.FooService")
-    port = await server.start()          # NOT_SERVING until set_serving(True)
+    port = await server.start()          # health NOT_SERVING: server.state is STARTING
     ...                                  # load / warm up
-    server.set_serving(True)
+    server.state.serve()
     await server.wait_for_shutdown(grace_s, on_drain=...)   # returns after SIGTERM/SIGINT drain
+
+Health follows `server.state` (services/common/serving.py) and nothing else: "" and every added
+service report SERVING exactly when the state is ready; the `liveness` name reports NOT_SERVING
+only when the state is FAILED (for liveness probes, which must not restart a process that only
+waits for its backend).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from services.common.serving import LIVENESS, ServingState
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +50,7 @@ def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[
 class GrpcServer:
     def __init__(
         self,
+        service: str,
         host: str,
         port: int,
         *,
@@ -60,6 +68,8 @@ class GrpcServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.service_names: list[str] = []
         self.port: int | None = None
+        self.state = ServingState(service)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = asyncio.Event()
 
     def add(self, add_to_server: Callable[[Any, grpc.aio.Server], None], servicer: Any, service_name: str) -> None:
@@ -74,17 +84,25 @@ class GrpcServer:
         if self.port == 0:
             raise OSError(f"could not bind {self.host}:{self.requested_port}")
         await self.server.start()
-        await self.set_serving(False)
+        self._loop = asyncio.get_running_loop()
+        await self._sync_health()
+        self.state.on_change(self._on_state_change)
         log.info("listening", extra={"host": self.host, "port": self.port, "services": self.service_names})
         return self.port
 
-    async def set_serving(self, serving: bool) -> None:
-        """Overall health ("") and every service follow one flag."""
-        status = (
-            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
+    def _on_state_change(self, _state: ServingState) -> None:
+        # Any thread (the engine's, the watchdog's): health is set on the loop, from the state as
+        # it is when the update runs, so updates can never apply out of order.
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._sync_health()))
+
+    async def _sync_health(self) -> None:
+        serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+        ready = serving if self.state.is_ready else not_serving
         for name in ["", *self.service_names]:
-            await self.health.set(name, status)
+            await self.health.set(name, ready)
+        await self.health.set(LIVENESS, serving if self.state.is_live else not_serving)
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
@@ -102,7 +120,8 @@ class GrpcServer:
         self.install_signal_handlers()
         await self._stopping.wait()
         log.info("draining", extra={"grace_s": grace_s})
-        await self.set_serving(False)
+        self.state.drain()
+        await self._sync_health()
         if on_drain is not None:
             await on_drain(grace_s)
         await self.server.stop(grace=1.0)

@@ -2,7 +2,10 @@
 
 Starts gRPC at once (health NOT_SERVING), loads and warms the model, then reports SERVING. On
 SIGTERM: NOT_SERVING, stop admitting, let running requests finish for --grace-s, fail the rest with
-UNAVAILABLE, end the streams, exit 0.
+UNAVAILABLE, end the streams, exit 0. When the engine FAILS (a step raised, or the watchdog saw no
+progress for --watchdog-s with work pending): every request fails with UNAVAILABLE at once, health
+turns NOT_SERVING, and after --failed-exit-s the process exits with status 3 so whatever supervises
+it (`make run`, compose, Kubernetes) starts a fresh one.
 """
 
 from __future__ import annotations
@@ -10,20 +13,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import time
 
 from mstar.v1 import generation_service_pb2_grpc as gen_grpc
 
-from services.common import errors
+from services.common import errors, tracing
 from services.common.logs import setup_logging
 from services.common.metrics import GenerationMetrics, start_metrics_server
 from services.common.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer
+from services.common.serving import State
 from services.generation.engine import Engine, EngineConfig, SamplingParams
 from services.generation.faults import install_from_env
 from services.generation.servicer import GenerationServicer
-from services.generation.watchdog import watch_engine
+from services.generation.watchdog import DEFAULT_TIMEOUT_S, watch_engine
 
 log = logging.getLogger("services.generation")
+
+EXIT_FAILED = 3  # the engine failed: restart me
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -46,8 +53,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--grace-s", type=float, default=10.0, help="drain period on SIGTERM")
     p.add_argument("--null-engine", action="store_true", help="no model: fixed fake tokens (transport benchmarks)")
     p.add_argument("--null-step-ms", type=float, default=0.0, help="step time of the null engine")
-    p.add_argument("--watchdog-s", type=float, default=120.0, help="fail all if a step makes no progress this long")
+    p.add_argument("--watchdog-s", type=float, default=DEFAULT_TIMEOUT_S,
+                   help="fail all and go NOT_SERVING if the engine makes no progress this long with work pending")
+    p.add_argument("--failed-exit-s", type=float, default=2.0,
+                   help="exit (status 3) this long after the engine failed, for a supervisor to restart; "
+                        "0 = stay up, NOT_SERVING")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0 = any); off if unset")
+    p.add_argument("--otlp-endpoint", default=None,
+                   help="export OpenTelemetry spans (OTLP/gRPC) here; default OTEL_EXPORTER_OTLP_ENDPOINT, else none")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -74,26 +87,27 @@ def warm_up(engine: Engine, timeout_s: float = 120.0) -> None:
     engine.add_request(("warmup", "warmup"), [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=2))
     deadline = time.monotonic() + timeout_s
     while engine.num_unfinished or not engine.num_steps:
-        if time.monotonic() > deadline or engine.is_dead:
+        if time.monotonic() > deadline or engine.serving.state is State.FAILED:
             raise RuntimeError("warm-up did not finish")
         time.sleep(0.01)
 
 
-async def serve(args) -> None:
+async def serve(args) -> bool:
+    """Serve until stopped; True when the engine failed (the caller exits with EXIT_FAILED)."""
     loop = asyncio.get_running_loop()
-    servicer = GenerationServicer(status_interval_ms=args.status_interval_ms)
-    server = GrpcServer(args.host, args.port, max_message_bytes=args.max_message_bytes)
+    tracing.setup("generation", args.otlp_endpoint)
+    server = GrpcServer("generation", args.host, args.port, max_message_bytes=args.max_message_bytes,
+                        interceptors=tracing.server_interceptors())
+    state = server.state
+    servicer = GenerationServicer(state, status_interval_ms=args.status_interval_ms)
     server.add(gen_grpc.add_GenerationServiceServicer_to_server, servicer, "mstar.v1.GenerationService")
     port = await server.start()
     print(f"generation service listening on port {port}", flush=True)
     runner = install_from_env(await asyncio.to_thread(build_runner, args))  # MSTAR_FAULTS: tests only
     config = EngineConfig(args.kv_blocks, args.block_size, args.max_num_seqs, args.max_batched_tokens)
 
-    def on_dead(exc: BaseException) -> None:
-        loop.call_soon_threadsafe(lambda: asyncio.ensure_future(server.set_serving(False)))
-
-    # The warm-up request's key names no stream, so the servicer drops its outputs.
     metrics = GenerationMetrics()
+    metrics.watch_serving(state)
     if args.metrics_port is not None:
         log.info("metrics", extra={"port": start_metrics_server(args.host, args.metrics_port, metrics.registry)})
 
@@ -101,23 +115,27 @@ async def serve(args) -> None:
         metrics.on_engine_output(out, engine)
         servicer.on_step(out)
 
-    engine = Engine(runner, config, on_step, on_dead)
+    # The warm-up request's key names no stream, so the servicer drops its outputs.
+    engine = Engine(runner, config, on_step, state)
     servicer.attach(engine, loop)
     engine.start()
     await asyncio.to_thread(warm_up, engine)
-    await server.set_serving(True)
+    state.serve()
 
     def on_stall(stalled_s: float) -> None:  # watchdog thread; the engine thread is stuck
-        error = errors.unavailable(f"the engine made no progress for {stalled_s:.0f} s", "ENGINE_STALLED", None)
-        loop.call_soon_threadsafe(servicer.fail_everything, error)
-        loop.call_soon_threadsafe(lambda: asyncio.ensure_future(server.set_serving(False)))
+        state.fail("ENGINE_STALLED", f"the engine made no progress for {stalled_s:.0f} s")
 
+    def on_state(s) -> None:  # any thread: a failed engine is not trusted again; let it be restarted
+        if s.state is State.FAILED and args.failed_exit_s > 0:
+            loop.call_soon_threadsafe(loop.call_later, args.failed_exit_s, server.request_stop)
+
+    state.on_change(on_state)
     watchdog = watch_engine(engine, args.watchdog_s, on_stall)
     log.info("generation ready", extra={"port": port, "model": args.model, "null_engine": args.null_engine})
 
     async def drain(grace_s: float) -> None:
-        servicer.is_draining = True
-        engine.stop_admitting()
+        if state.state is State.FAILED:
+            grace_s = 0.0  # nothing runs any more: every request already failed
         deadline = loop.time() + grace_s
         while engine.num_unfinished and loop.time() < deadline:
             await asyncio.sleep(0.05)
@@ -130,12 +148,18 @@ async def serve(args) -> None:
     await server.wait_for_shutdown(args.grace_s, on_drain=drain)
     watchdog.stop()
     engine.stop()
+    tracing.shutdown()
+    return state.state is State.FAILED
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     setup_logging("services.generation", args.log_level)
-    asyncio.run(serve(args))
+    if asyncio.run(serve(args)):
+        log.error("exiting: the engine failed", extra={"exit_status": EXIT_FAILED})
+        logging.shutdown()
+        # A hung engine thread may never return: do not wait for it at interpreter exit.
+        os._exit(EXIT_FAILED)
 
 
 if __name__ == "__main__":

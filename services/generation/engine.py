@@ -5,8 +5,12 @@ loop thread applies before its next step, so the scheduler and block manager are
 by one thread. After each step that produced anything, ``on_step(StepOutput)`` is called on the
 loop thread (the servicer forwards it to asyncio with call_soon_threadsafe). Every request ends
 with exactly one Completion (finished or cancelled) or Failure, except keys that were never known.
-If a step raises, every in-flight request fails with UNAVAILABLE, ``on_dead`` is called once, and
-the loop keeps answering commands (new requests fail fast) until stopped.
+
+The engine reads the process's one ServingState (services/common/serving.py): it admits requests
+while STARTING (the warm-up) or SERVING, refuses them while DRAINING or FAILED, and never steps
+once FAILED. If a step raises, the engine marks the state FAILED (ENGINE_FAILED) and every
+in-flight request fails with UNAVAILABLE; when something else marks it FAILED (the watchdog, after
+a hung step), the loop fails whatever it still holds the next time it runs, which frees the blocks.
 
 Structured output (SamplingParams.structured_output): the constraint is validated at admission and
 compiled by grammar/compiler.py on its own thread; the request prefills meanwhile but does not
@@ -27,6 +31,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from services.common import errors
+from services.common.serving import ServingState, State
 from services.generation.block_manager import BlockManager
 from services.generation.grammar.compiler import GrammarConfig
 from services.generation.grammar.requests import GrammarRequests
@@ -66,10 +71,11 @@ class Engine:
         runner,
         config: EngineConfig,
         on_step: Callable[[StepOutput], None],
-        on_dead: Callable[[BaseException], None] | None = None,
+        serving: ServingState | None = None,
     ):
         """runner: ModelRunner or NullRunner (vocab_size, eos_token_ids, max_model_len, vocabulary, run,
-        clear_blocks). Without a vocabulary, structured output is refused (STRUCTURED_OUTPUT_UNAVAILABLE)."""
+        clear_blocks). Without a vocabulary, structured output is refused (STRUCTURED_OUTPUT_UNAVAILABLE).
+        serving: the process's state (a private one, STARTING, when absent: tests, benchmarks)."""
         self.runner = runner
         self.config = config
         self.block_manager = BlockManager(config.num_blocks, config.block_size)
@@ -77,11 +83,9 @@ class Engine:
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.block_manager
         )
         self.on_step = on_step
-        self.on_dead = on_dead
+        self.serving = serving or ServingState("engine")
         self.seqs: dict[Hashable, Sequence] = {}
         self.stats = EngineStats()
-        self.is_dead = False
-        self.is_admitting = True
         self.num_steps = 0
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -101,10 +105,6 @@ class Engine:
 
     def abort(self, key: Hashable) -> None:
         self._commands.put(("abort", key))
-
-    def stop_admitting(self) -> None:
-        """Draining: new requests fail with UNAVAILABLE, running ones continue."""
-        self.is_admitting = False
 
     def fail_all(self, error: errors.MstarError) -> None:
         """End every in-flight request with error (end of a drain grace period)."""
@@ -141,10 +141,12 @@ class Engine:
             # A step that could schedule nothing (every running request waits for its input or its
             # grammar, and max_num_seqs keeps the queued ones out) waits for a command like an idle
             # loop does, instead of spinning; the command that unblocks it also wakes it.
-            has_work = not self.is_dead and self.scheduler.has_work() and not self._is_stalled
+            has_work = self._may_step() and self.scheduler.has_work() and not self._is_stalled
             self._apply_commands(out, wait_s=0.0 if has_work else idle_wait_s)
-            if not self.is_dead and self.scheduler.has_work():
+            if self._may_step() and self.scheduler.has_work():
                 self._is_stalled = not self._step(out)
+            elif self.serving.state is State.FAILED and self.seqs:
+                self._fail_everything(out, self.serving.refusal())
         except Exception as e:  # a crashed step: fail everyone, go NOT_SERVING
             self._die(e, out)
         self.stats.update(self)
@@ -182,9 +184,8 @@ class Engine:
             # The running request keeps going; the duplicate alone is refused.
             out.failed.append(Failure(key, errors.already_exists(f"request {key!r} is already running")))
             return
-        if self.is_dead or not self.is_admitting:
-            why = "the engine failed" if self.is_dead else "the server is draining"
-            self._reject(out, key, errors.unavailable(f"not accepting requests: {why}", "ENGINE_UNAVAILABLE"))
+        if not self.serving.accepts_work:
+            self._reject(out, key, self.serving.refusal())
             return
         message = validate_sampling_params(params, self.runner.vocab_size)
         error = errors.invalid_argument("sampling", message) if message else None
@@ -334,12 +335,22 @@ class Engine:
         out.failed.append(Failure(seq.key, error))
         self.stats.num_failed += 1
 
+    def _may_step(self) -> bool:
+        return self.serving.state is not State.FAILED
+
     def _die(self, exc: BaseException, out: StepOutput) -> None:
         log.exception("engine step failed; failing all requests", exc_info=exc)
-        self.is_dead = True
-        error = errors.unavailable(f"the engine failed: {type(exc).__name__}: {exc}", "ENGINE_FAILED", None)
+        self.serving.fail("ENGINE_FAILED", f"the engine failed: {type(exc).__name__}")
+        # The step broke half-way: the scheduler's books cannot be trusted, so nothing is released
+        # through it (the engine never steps again; the process exits or is restarted).
+        self._fail_everything(out, self.serving.refusal(), release=False)
+
+    def _fail_everything(self, out: StepOutput, error: errors.MstarError | None, release: bool = True) -> None:
+        """FAILED: end every request; `release` frees their blocks when the last step completed."""
+        error = error or errors.unavailable("the engine failed", "ENGINE_FAILED", None)
         for seq in list(self.seqs.values()):
-            del self.seqs[seq.key]
+            if release:
+                self._remove(seq, keep_cache=False)
+            else:
+                del self.seqs[seq.key]
             out.failed.append(Failure(seq.key, error))
-        if self.on_dead is not None:
-            self.on_dead(exc)

@@ -79,10 +79,6 @@ class Sequence:
         return self.token_ids[self.num_prompt_tokens :]
 
     @property
-    def last_token_id(self) -> int:
-        return self.token_ids[-1]
-
-    @property
     def num_schedulable_tokens(self) -> int:
         """Tokens a step could compute now (the last token waits for the input's end and the grammar)."""
         n = len(self.token_ids) - self.num_computed_tokens

@@ -8,6 +8,14 @@ ResultTokens rows followed by the same step's RequestComplete / RequestFailed en
 stream ends for any reason, every request still running on it is aborted (blocks freed within a
 step). A stream whose reader stops reading and lets ``max_queued_frames`` pile up is ended with
 RESOURCE_EXHAUSTED, so one stalled client cannot grow the server's memory.
+
+New streams and new requests are refused with the process's ServingState refusal (UNAVAILABLE
+while starting, draining or failed). When the state turns FAILED (the engine crashed, or the
+watchdog saw a hung step), every request still running on every stream ends at once with that
+error: the engine thread may be stuck, so nothing waits for it.
+
+Each request gets an OpenTelemetry span (`generation.request`, services/common/tracing.py) that
+continues the trace its PreprocessInput carries, from arrival to its terminal event.
 """
 
 from __future__ import annotations
@@ -21,8 +29,10 @@ import grpc
 from mstar.v1 import generation_service_pb2 as gen_pb2
 from mstar.v1 import generation_service_pb2_grpc as gen_grpc
 from mstar.v1 import messages_pb2 as pb
+from opentelemetry.trace import Span, StatusCode
 
-from services.common import errors
+from services.common import errors, tracing
+from services.common.serving import ServingState, State
 from services.generation import wire
 from services.generation.outputs import StepOutput
 
@@ -36,16 +46,16 @@ class _Stream:
     stream_id: int
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # StreamResponse | MstarError | None
     active: set[str] = field(default_factory=set)
+    spans: dict[str, Span] = field(default_factory=dict)  # request id -> its generation.request span
     is_half_closed: bool = False
 
 
 class GenerationServicer(gen_grpc.GenerationServiceServicer):
-    def __init__(self, status_interval_ms: int = 0, max_queued_frames: int = 10_000):
-        self.engine = None  # set once the model is loaded and warm
+    def __init__(self, serving: ServingState, status_interval_ms: int = 0, max_queued_frames: int = 10_000):
+        self.engine = None  # set once the model is loaded
+        self.serving = serving
         self.default_status_interval_ms = status_interval_ms
         self.max_queued_frames = max_queued_frames
-        self.is_draining = False
-        self.refusal: errors.MstarError | None = None  # set when the engine can no longer be trusted
         self._streams: dict[int, _Stream] = {}
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -54,6 +64,11 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
 
     def attach(self, engine, loop: asyncio.AbstractEventLoop) -> None:
         self.engine, self._loop = engine, loop
+        self.serving.on_change(self._on_serving_change)
+
+    def _on_serving_change(self, state: ServingState) -> None:  # any thread
+        if state.state is State.FAILED and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.fail_everything, state.refusal())
 
     def on_step(self, out: StepOutput) -> None:
         """Engine thread: hand the step to the event loop."""
@@ -79,6 +94,7 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
                 if request_id in stream.active:
                     stream.active.discard(request_id)
                     envelopes.append(to_envelope(item))
+                    _end_span(stream.spans.pop(request_id, None), item)
             if envelopes:
                 self._put(stream, gen_pb2.StreamResponse(envelopes=envelopes))
 
@@ -88,11 +104,14 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
         stream.queue.put_nowait(item)
 
     def fail_everything(self, error: errors.MstarError) -> None:
-        """The engine is stuck (watchdog): end every running request here, refuse new ones."""
-        self.refusal = error
+        """The engine failed or is stuck: end every running request here (new ones are refused
+        by the serving state)."""
         for stream in list(self._streams.values()):
             ends = [wire.request_failed(request_id, error) for request_id in sorted(stream.active)]
             stream.active.clear()
+            for span in stream.spans.values():
+                _end_span(span, None, error)
+            stream.spans.clear()
             if ends:
                 self._put(stream, gen_pb2.StreamResponse(envelopes=ends))
 
@@ -104,8 +123,9 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
     # -- RPC ----------------------------------------------------------------------------------
 
     async def Stream(self, request_iterator, context: grpc.aio.ServicerContext):
-        if self.engine is None or self.engine.is_dead or self.is_draining or self.refusal:
-            await errors.abort(context, errors.unavailable("the generation service is not serving", "NOT_SERVING"))
+        refusal = self.serving.refusal()
+        if self.engine is None or refusal is not None:
+            await errors.abort(context, refusal or errors.unavailable("the model is loading", "STARTING"))
         stream = _Stream(next(self._ids))
         self._streams[stream.stream_id] = stream
         reader = asyncio.create_task(self._read(stream, request_iterator))
@@ -130,6 +150,8 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
             if self.engine is not None:
                 for request_id in stream.active:
                     self.engine.abort((stream.stream_id, request_id))
+            for span in stream.spans.values():
+                _end_span(span, None, errors.cancelled("the stream carrying it ended"))
 
     def _status_interval_ms(self, context) -> int:
         for key, value in context.invocation_metadata() or ():
@@ -182,8 +204,9 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
         if not request_id:
             self._put(stream, _single(wire.request_failed("", errors.invalid_argument("request_id", "required"))))
             return
-        if self.refusal is not None:
-            self._put(stream, _single(wire.request_failed(request_id, self.refusal)))
+        refusal = self.serving.refusal()
+        if refusal is not None:
+            self._put(stream, _single(wire.request_failed(request_id, refusal)))
             return
         if request_id in stream.active:
             error = errors.already_exists(f"request {request_id!r} is already running on this stream")
@@ -195,12 +218,33 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
             self._put(stream, _single(wire.request_failed(request_id, e)))
             return
         stream.active.add(request_id)
+        stream.spans[request_id] = tracing.start_request_span("generation.request", msg.trace_context, {
+            "mstar.request_key": request_id, "mstar.prompt_tokens": len(token_ids), "mstar.input_open": not input_done})
         self.engine.add_request((stream.stream_id, request_id), token_ids, params, input_done)
 
     def _fail_locally(self, stream: _Stream, request_id: str, error: errors.MstarError) -> None:
         stream.active.discard(request_id)
+        _end_span(stream.spans.pop(request_id, None), None, error)
         self.engine.abort((stream.stream_id, request_id))  # its Completion(cancelled) is dropped: not active
         self._put(stream, _single(wire.request_failed(request_id, error)))
+
+
+def _end_span(span: Span | None, item, error: errors.MstarError | None = None) -> None:
+    """End a request's span with how it ended: a Completion (finish reason, tokens, the timing
+    breakdown) or a Failure / error (status ERROR with its reason)."""
+    if span is None:
+        return
+    error = error or getattr(item, "error", None)
+    if error is not None:
+        span.set_attribute("mstar.error_reason", error.reason)
+        span.set_status(StatusCode.ERROR, error.reason)
+    elif item is not None:
+        span.set_attributes({
+            "mstar.finish_reason": item.finish_reason, "mstar.output_tokens": item.num_output_tokens,
+            "mstar.cached_tokens": item.num_cached_tokens, "mstar.queue_ms": item.queue_ms,
+            "mstar.prefill_ms": item.prefill_ms, "mstar.ttft_ms": item.ttft_ms, "mstar.decode_ms": item.decode_ms,
+        })
+    span.end()
 
 
 def _single(envelope: pb.Envelope) -> gen_pb2.StreamResponse:

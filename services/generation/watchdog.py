@@ -9,7 +9,10 @@ SERVING. The watchdog polls two cheap reads from its own thread:
 
 It trips when ``has_work()`` stayed true and ``progress()`` stayed the same for longer than
 ``timeout_s``, measured from the later of the last progress and the moment work appeared, so an
-engine that was idle for an hour and just got a request is not "stalled". Tripping is latched: a
+engine that was idle for an hour and just got a request is not "stalled". Time in which the
+watchdog itself did not run (its poll came more than a few periods late: the whole process was
+stopped, e.g. SIGSTOP, or the machine suspended) is not charged to the engine either: the engine
+thread was frozen with it and gets a fresh ``timeout_s`` once both run again. Tripping is latched: a
 process whose step hung cannot be trusted again (the stuck thread may still hold the device), so
 ``on_stall(stalled_for_s)`` runs once, from the watchdog thread, and is expected to fail pending
 requests with UNAVAILABLE and report NOT_SERVING so the orchestrator restarts it.
@@ -27,6 +30,8 @@ from collections.abc import Callable, Hashable
 
 log = logging.getLogger(__name__)
 
+# A full-budget CPU prefill step (512 tokens) is ~1-3 s on the default model (docs/benchmarks-engine.md);
+# 30 s leaves an order of magnitude for slower machines and bigger models.
 DEFAULT_TIMEOUT_S = 30.0
 
 
@@ -50,6 +55,9 @@ class Watchdog:
         self._clock = clock
         self._last_value: Hashable = None
         self._since = clock()  # when progress last changed or work last appeared
+        self._last_poll = self._since
+        # A poll later than this after the previous one means the watchdog was frozen too.
+        self._frozen_gap_s = max(3 * self.poll_s, 1.0)
         self.tripped = False
         self.stalled_for_s = 0.0
         self._stop = threading.Event()
@@ -60,6 +68,11 @@ class Watchdog:
         if self.tripped:
             return False
         now = self._clock()
+        frozen = now - self._last_poll > self._frozen_gap_s
+        self._last_poll = now
+        if frozen:  # the process did not run (SIGSTOP, suspend): that time is nobody's stall
+            self._since = now
+            return False
         try:
             value, busy = self._progress(), self._has_work()
         except RuntimeError:

@@ -11,6 +11,15 @@ from `submit`) and the task reconnects with exponential backoff. A health Watch 
 channel turns the backend unhealthy when the generation service reports NOT_SERVING (draining,
 engine failure) even while the stream is still up.
 
+A generation process that stops without closing anything (SIGSTOP, a frozen host, a partition)
+breaks no connection and reports nothing. The stream asks for a ConductorStatus every
+`heartbeat_s`; when nothing at all arrives for `stall_s`, the backend is unhealthy (GENERATION
+_STALLED): the requests in flight fail with UNAVAILABLE at once (and are aborted, so a generation
+that wakes up frees them), new ones are refused, and the preprocess health says NOT_SERVING, so
+Envoy stops sending. The next frame from the stream makes it healthy again.
+
+Health is reported to the process's ServingState as the dependency "generation".
+
 Internal request keys are "<request id>#<attempt counter>" so an id reused right after an abort
 can never receive the old request's late frames.
 """
@@ -29,8 +38,10 @@ from mstar.v1 import generation_service_pb2 as gen_pb2
 from mstar.v1 import generation_service_pb2_grpc as gen_grpc
 from mstar.v1 import messages_pb2 as pb
 
+from services.common import tracing
 from services.common.errors import Code, MstarError, unavailable
 from services.common.server import channel_options
+from services.common.serving import ServingState
 from services.preprocess.request import Sampling, TokenLogprobs
 from services.preprocess.wire import sampling_pb
 
@@ -92,6 +103,12 @@ class BackendRequest:
         )
         self._backend._send(pb.Envelope(client_append=append))
 
+    def stop_early(self, reason: str) -> None:
+        """Stop generating but keep listening: the engine ends the request with a RequestComplete
+        (cancelled) that still carries its usage and timings (a stop string matched here)."""
+        if not self.ended and self.key in self._backend._requests:
+            self._backend._send(pb.Envelope(abort=pb.Abort(request_id=self.key, reason=reason)))
+
     def abort(self, reason: str) -> None:
         """Stop generating for this request. Idempotent; safe from any finally-path."""
         if self._backend._requests.pop(self.key, None) is not None:
@@ -134,24 +151,33 @@ class GenerationBackend:
         queue_size: int = 1024,
         connect_timeout_s: float = 2.0,
         max_backoff_s: float = 2.0,
-        on_health: Callable[[bool], None] | None = None,
+        state: ServingState | None = None,
         on_status: Callable[[pb.ConductorStatus], None] | None = None,
-        status_interval_ms: int = 0,
+        heartbeat_s: float = 0.5,
+        stall_s: float = 5.0,
     ) -> None:
         self.target = target
         self._queue_size = queue_size
         self._connect_timeout_s = connect_timeout_s
         self._max_backoff_s = max_backoff_s
-        self._on_health = on_health
+        self._state = state
         self._on_status = on_status
-        self._status_metadata = (("mstar-status-interval-ms", str(status_interval_ms)),) if status_interval_ms else None
+        self._heartbeat_s = heartbeat_s
+        self._stall_s = stall_s
+        self._status_metadata = (("mstar-status-interval-ms", str(max(1, round(heartbeat_s * 1000)))),)
         self._requests: dict[str, BackendRequest] = {}
         self._outbox: asyncio.Queue[pb.Envelope | None] | None = None
         self._counter = itertools.count()
+        # Healthy = the stream is up, the generation service says SERVING, and it is not silent.
+        self._connected = False
+        self._remote_serving = False
+        self._silent = False
         self._healthy = False
+        self._last_frame = 0.0
         self._task: asyncio.Task | None = None
         self._closing = False
         self.connected = asyncio.Event()
+        self._report_health()
 
     @property
     def healthy(self) -> bool:
@@ -171,7 +197,7 @@ class GenerationBackend:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        self._fail_all("preprocess service shutting down")
+        self._fail_all(unavailable("preprocess service shutting down"))
 
     def submit(
         self, request_id: str, prompt_ids: list[int], sampling: Sampling, max_tokens: int, input_open: bool
@@ -188,6 +214,8 @@ class GenerationBackend:
             input_modalities=[pb.MODALITY_TOKENS] if input_open else [],
             output_modalities=[pb.MODALITY_TOKENS],
             model_kwargs=pb.ModelKwargs(sampling=_sampling_pb(sampling, max_tokens)),
+            # The stream is shared by many traces: each request carries its own (the RPC's span).
+            trace_context=tracing.inject(),
         )
         self._send(pb.Envelope(preprocess_input=start))
         return request
@@ -198,18 +226,33 @@ class GenerationBackend:
         if self._outbox is not None:
             self._outbox.put_nowait(envelope)
 
-    def _set_health(self, healthy: bool) -> None:
+    def _report_health(self) -> None:
+        if not self._connected:
+            reason, why = "BACKEND_UNAVAILABLE", f"generation backend {self.target} is unavailable"
+        elif not self._remote_serving:
+            reason, why = "BACKEND_NOT_SERVING", f"generation backend {self.target} is not serving"
+        elif self._silent:
+            reason, why = "BACKEND_STALLED", f"generation backend {self.target} sent nothing for {self._stall_s:g} s"
+        else:
+            reason, why = "", ""
+        healthy = not reason
         if healthy != self._healthy:
-            self._healthy = healthy
-            log.info("generation backend health", extra={"target": self.target, "healthy": healthy})
-            if self._on_health is not None:
-                self._on_health(healthy)
+            log.log(logging.INFO if healthy else logging.WARNING, "generation backend health",
+                    extra={"target": self.target, "healthy": healthy, "reason": reason})
+        self._healthy = healthy
+        if self._state is not None:
+            self._state.set_dependency("generation", healthy, reason, why)
+
+    def _set(self, **flags: bool) -> None:
+        for name, value in flags.items():
+            setattr(self, "_" + name, value)
+        self._report_health()
 
     async def _run(self) -> None:
         backoff = 0.05
         while not self._closing:
             channel = grpc.aio.insecure_channel(self.target, options=channel_options())
-            watch: asyncio.Task | None = None
+            tasks: list[asyncio.Task] = []
             try:
                 await asyncio.wait_for(channel.channel_ready(), self._connect_timeout_s)
                 health = health_pb2_grpc.HealthStub(channel)
@@ -221,11 +264,16 @@ class GenerationBackend:
                 outbox: asyncio.Queue[pb.Envelope | None] = asyncio.Queue()
                 self._outbox = outbox
                 call = gen_grpc.GenerationServiceStub(channel).Stream(_frames(outbox), metadata=self._status_metadata)
-                watch = asyncio.create_task(self._watch(health))
-                self._set_health(True)
+                self._last_frame = asyncio.get_running_loop().time()
+                tasks = [asyncio.create_task(self._watch(health)), asyncio.create_task(self._watch_silence())]
+                self._set(connected=True, remote_serving=True, silent=False)
                 self.connected.set()
                 backoff = 0.05
                 async for response in call:
+                    self._last_frame = asyncio.get_running_loop().time()
+                    if self._silent:
+                        log.info("generation backend speaks again", extra={"target": self.target})
+                        self._set(silent=False)
                     self._dispatch(response)
                 log.warning("generation stream ended by the server", extra={"target": self.target})
             except (grpc.RpcError, TimeoutError, ConnectionError, OSError) as exc:
@@ -235,10 +283,10 @@ class GenerationBackend:
             finally:
                 self._outbox = None
                 self.connected.clear()
-                self._set_health(False)
-                self._fail_all(f"generation backend {self.target} connection lost")
-                if watch is not None:
-                    watch.cancel()
+                self._set(connected=False)
+                self._fail_all(unavailable(f"generation backend {self.target} connection lost"))
+                for task in tasks:
+                    task.cancel()
                 await channel.close(grace=None)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self._max_backoff_s)
@@ -247,14 +295,31 @@ class GenerationBackend:
         """Follow the backend's own health while the stream is up (draining, engine failure)."""
         try:
             async for reply in health.Watch(health_pb2.HealthCheckRequest(service="")):
-                self._set_health(reply.status == health_pb2.HealthCheckResponse.SERVING)
+                self._set(remote_serving=reply.status == health_pb2.HealthCheckResponse.SERVING)
         except grpc.RpcError:
             return  # the stream task notices the broken connection itself
 
-    def _fail_all(self, why: str) -> None:
+    async def _watch_silence(self) -> None:
+        """A stream that stays up but carries nothing (not even the heartbeat status) for stall_s
+        belongs to a frozen process: fail what waits on it now instead of at its deadline."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(self._heartbeat_s, self._stall_s / 4))
+            silent_for = loop.time() - self._last_frame
+            if silent_for > self._stall_s and not self._silent:
+                log.error("generation backend silent: failing its requests",
+                          extra={"target": self.target, "silent_s": round(silent_for, 3),
+                                 "requests": len(self._requests)})
+                self._set(silent=True)
+                error = unavailable(f"the generation service sent nothing for {silent_for:.1f} s",
+                                    reason="BACKEND_STALLED")
+                for request in list(self._requests.values()):
+                    request.end_locally(BackendFailed(error), "generation stalled")
+
+    def _fail_all(self, error: MstarError) -> None:
         requests, self._requests = self._requests, {}
         for request in requests.values():
-            request.deliver(BackendFailed(unavailable(why)))
+            request.deliver(BackendFailed(error))
 
     def _dispatch(self, response: gen_pb2.StreamResponse) -> None:
         for envelope in response.envelopes:

@@ -35,8 +35,3 @@ class Detokenizer:
             return ""
         self._finished = True
         return self._decoder.decode(b"", final=True)
-
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes held back waiting for the rest of a character."""
-        return len(self._decoder.getstate()[0])

@@ -1,8 +1,9 @@
 """Request caps and sampling validation: everything that is checked before admission, so the
 generation engine never sees an impossible value and no huge allocation follows a huge number.
 
-max_tokens policy: CLAMP. An absent max_tokens means "what
-fits" (context - prompt, capped by `max_tokens_cap`); a max_tokens larger than what fits is
+max_tokens policy: CLAMP. An absent max_tokens means `default_max_tokens` when the operator set one
+(`--default-max-tokens`, `make run` MSTAR_DEFAULT_MAX_TOKENS), else "what fits" (context - prompt,
+capped by `max_tokens_cap`), like vLLM; either way never more than fits. A max_tokens larger than what fits is
 clamped and the request carries the warning "max_tokens clamped to N". A value above the absolute
 cap, zero or negative is INVALID_ARGUMENT (that is a client bug, not a fit question).
 """
@@ -21,6 +22,7 @@ class Limits:
     """Server-side caps (CLI flags set the interesting ones)."""
 
     max_tokens_cap: int = 8192
+    default_max_tokens: int | None = None  # for requests without max_tokens; None = what fits
     max_n: int = 1
     max_logprobs: int = 20
     max_stop_strings: int = 16
@@ -103,7 +105,7 @@ def effective_max_tokens(
     """max_tokens after the clamp policy, and the warnings to report."""
     room = min(context_length - prompt_tokens, limits.max_tokens_cap)
     if requested is None:
-        return room, ()
+        return min(room, limits.default_max_tokens or room), ()
     if requested > room:
         return room, (f"max_tokens clamped to {room}",)
     return requested, ()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from services.common.errors import Code, MstarError, failed_precondition
 from services.preprocess import limits as caps
@@ -58,6 +58,9 @@ class Deps:
     # An open input that receives nothing for this long fails the request: otherwise a client
     # that forgets to end its input holds an admission slot until Envoy's max stream duration.
     input_idle_s: float = 60.0
+    # However often it appends, no input stays open longer than this (an append every 20 s would
+    # otherwise reset the idle timer forever and hold the slot: docs/http.md "Fair admission").
+    input_lifetime_s: float = 300.0
 
 
 @dataclass
@@ -77,19 +80,25 @@ class InputBudget:
             raise caps.input_caps_error(f"more than {self.limits.max_appends} appends on this stream")
 
 
+# How long a stop-string finish waits for the engine's own end of the request (normally one step).
+_STOP_END_WAIT_S = 2.0
+
+
 class _Cancelled:
     """Queued into the backend queue by cancel(): ends events() with finish_reason cancelled."""
 
 
 class RequestRun:
-    def __init__(self, spec: RequestSpec, deps: Deps, budget: InputBudget) -> None:
+    def __init__(self, spec: RequestSpec, deps: Deps, budget: InputBudget, client: str = "") -> None:
         self.spec = spec
         self.request_id = spec.request_id
+        self.client = client  # the admission key (client.py): shares are per client
         self._deps = deps
         self._budget = budget
         self._prompt = PromptBuilder(deps.model, deps.files)
         self._dequeue_time = time.time()
-        self._last_input = time.monotonic()
+        self._opened = self._last_input = time.monotonic()
+        self._input_closed: float | None = None
         self._preprocess_finish: float | None = None
         self._uploads = [spec.upload_bytes]
         self._ticket: Ticket | None = None
@@ -106,6 +115,13 @@ class RequestRun:
     def prompt_tokens(self) -> int:
         return self._prompt.num_tokens
 
+    @property
+    def input_open_s(self) -> float | None:
+        """How long this request's input was open (so far); None for a one-shot request."""
+        if not self.spec.open_inputs:
+            return None
+        return (self._input_closed or time.monotonic()) - self._opened
+
     def start(self) -> Accepted:
         d, s = self._deps, self.spec
         self._budget.charge(s.upload_bytes, is_append=False)
@@ -119,7 +135,7 @@ class RequestRun:
             d.model.context_length,
             d.limits,
         )
-        self._ticket = d.admission.admit(self.prompt_tokens)
+        self._ticket = d.admission.admit(self.prompt_tokens, self.client, input_open=not self.input_done)
         try:
             self._backend = d.backend.submit(
                 self.request_id, ids, s.sampling, self._max_tokens, input_open=not self.input_done
@@ -157,6 +173,9 @@ class RequestRun:
             self._backend.append(ids, end=self.input_done)
         if self.input_done:
             self._preprocess_finish = time.time()
+            self._input_closed = time.monotonic()
+            if self._ticket is not None:
+                self._ticket.close_input()
 
     def cancel(self) -> bool:
         """Stop this request; it ends with finish_reason "cancelled". False if already over."""
@@ -169,14 +188,31 @@ class RequestRun:
         if self._backend is not None:
             self._backend.end_locally(BackendFailed(err), err.reason)
 
-    def _fail_if_input_idle(self) -> None:
-        idle_s = time.monotonic() - self._last_input
-        if not self.input_done and idle_s > self._deps.input_idle_s:
+    def _input_wait_s(self) -> float:
+        """How long events() may wait before the open input must be checked again."""
+        if self.input_done or self._backend is None or self._backend.ended:
+            return self._deps.keepalive_s
+        now, d = time.monotonic(), self._deps
+        due = min(self._last_input + d.input_idle_s, self._opened + d.input_lifetime_s)
+        return max(0.0, min(d.keepalive_s, due - now))
+
+    def _fail_if_input_expired(self) -> None:
+        """An open input that went quiet (idle) or stayed open too long (lifetime) ends the request
+        and frees its admission slot."""
+        if self.input_done or self.finished or self._backend is None or self._backend.ended:
+            return
+        now, d = time.monotonic(), self._deps
+        if now - self._opened >= d.input_lifetime_s:
             self._fail(MstarError(
-                Code.DEADLINE_EXCEEDED,
-                "INPUT_IDLE_TIMEOUT",
-                f"no input for {idle_s:.0f} s while the input of request {self.request_id} is open "
-                f"(end it with `ends`; limit {self._deps.input_idle_s:.0f} s)",
+                Code.DEADLINE_EXCEEDED, "INPUT_OPEN_TOO_LONG",
+                f"the input stayed open for {d.input_lifetime_s:.0f} s, the most any request may keep it "
+                f"open however often it appends (end it with `ends`)",
+            ))
+        elif now - self._last_input >= d.input_idle_s:
+            self._fail(MstarError(
+                Code.DEADLINE_EXCEEDED, "INPUT_IDLE_TIMEOUT",
+                f"no input for {now - self._last_input:.0f} s while the input of request {self.request_id} "
+                f"is open (end it with `ends`; limit {d.input_idle_s:.0f} s)",
             ))
 
     def close(self) -> None:
@@ -200,17 +236,19 @@ class RequestRun:
             if not sent_profile and self._preprocess_finish is not None:
                 sent_profile = True
                 yield self._profile()
+            self._fail_if_input_expired()  # queues the failure, which is read next
             try:
-                first = await asyncio.wait_for(queue.get(), self._deps.keepalive_s)
+                first = await asyncio.wait_for(queue.get(), self._input_wait_s())
             except TimeoutError:
-                self._fail_if_input_idle()
-                yield KeepAlive(rid)
+                self._fail_if_input_expired()
+                if queue.empty():
+                    yield KeepAlive(rid)
                 continue
             batch = [first]
             while not queue.empty():  # coalesce whatever piled up into one chunk
                 batch.append(queue.get_nowait())
             text, stop, terminal = "", None, None
-            for event in batch:
+            for i, event in enumerate(batch):
                 if isinstance(event, TokenStep):
                     completion += 1
                     token_ids.append(event.token_id)
@@ -220,8 +258,7 @@ class RequestRun:
                     text += result.text
                     if result.stop is not None:
                         stop = result.stop
-                        self._backend.abort("stop string matched")
-                        terminal = BackendFinished("stop")
+                        terminal = await self._end_on_stop_string(batch[i + 1:], queue)
                         break
                 elif isinstance(event, Heartbeat):
                     continue
@@ -264,6 +301,27 @@ class RequestRun:
                 warnings=self._warnings,
             )
             return
+
+    async def _end_on_stop_string(self, rest: list, queue: asyncio.Queue) -> BackendFinished:
+        """A stop string matched here, which the engine cannot know: stop it, and wait (about one
+        step) for its RequestComplete, whose usage and timings are the request's real ones. Tokens
+        it made meanwhile are dropped. If none comes in time (the stream broke), zeros."""
+        self._backend.stop_early("stop string matched")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _STOP_END_WAIT_S
+        pending = list(rest)
+        while True:
+            event = pending.pop(0) if pending else None
+            if event is None:
+                try:
+                    event = await asyncio.wait_for(queue.get(), max(0.0, deadline - loop.time()))
+                except TimeoutError:
+                    self._backend.abort("stop string matched")
+                    return BackendFinished("stop")
+            if isinstance(event, BackendFinished):
+                return replace(event, finish_reason="stop")
+            if isinstance(event, BackendFailed):
+                return BackendFinished("stop")
 
     def _profile(self) -> Profile:
         return Profile(

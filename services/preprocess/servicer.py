@@ -19,9 +19,10 @@ from mstar.v1 import inference_service_pb2 as api
 from mstar.v1 import inference_service_pb2_grpc as api_grpc
 
 from services.common import errors
-from services.common.errors import MstarError, already_exists, not_found, unavailable
+from services.common.errors import MstarError, already_exists, not_found
 from services.common.metrics import PreprocessMetrics, timing_metadata
-from services.preprocess import wire
+from services.common.serving import ServingState
+from services.preprocess import client, wire
 from services.preprocess.openai.routes import OpenAIRoutes
 from services.preprocess.request import Chunk, Complete, Failed
 from services.preprocess.request_run import Deps, InputBudget, RequestRun
@@ -32,12 +33,12 @@ _SESSION_OUTBOX = 256  # events buffered per session before requests feel backpr
 
 
 class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
-    def __init__(self, deps: Deps, metrics: PreprocessMetrics | None = None) -> None:
+    def __init__(self, deps: Deps, state: ServingState, metrics: PreprocessMetrics | None = None) -> None:
         self._deps = deps
+        self.state = state  # the process's one serving state: new requests start only when ready
         self.metrics = metrics or PreprocessMetrics()  # unserved unless __main__ passes a served one
         self._runs: dict[str, RequestRun] = {}
         self._created = int(time.time())
-        self.draining = False
 
     @property
     def num_running(self) -> int:
@@ -45,16 +46,18 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
 
     # ---- request lifecycle shared by all RPCs
 
-    def _begin(self, spec, budget: InputBudget) -> tuple[RequestRun, object]:
-        if self.draining:
-            raise unavailable("server is draining", reason="DRAINING")
+    def _begin(self, spec, budget: InputBudget, client_key: str) -> tuple[RequestRun, object]:
+        refusal = self.state.refusal()  # starting, draining, failed, or the generation backend is down
+        if refusal is not None:
+            raise refusal
         if spec.model and spec.model not in (self._deps.model.name, "default"):
             raise not_found(f"model {spec.model!r} is not served (see ListModels)", reason="MODEL_NOT_FOUND")
         if spec.request_id in self._runs:
             raise already_exists(
                 f"request {spec.request_id} is already running", reason="DUPLICATE_REQUEST_ID"
             )
-        run = RequestRun(spec, self._deps, budget)
+        run = RequestRun(spec, self._deps, budget, client_key)
+        started = time.perf_counter()
         try:
             accepted = run.start()
         except MstarError as err:
@@ -64,13 +67,16 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         except BaseException:
             run.close()
             raise
+        self.metrics.on_preprocessed(time.perf_counter() - started)
         self._runs[spec.request_id] = run
         return run, accepted
 
     def _end(self, run: RequestRun) -> None:
-        run.close()
         if self._runs.get(run.request_id) is run:
             del self._runs[run.request_id]
+            if (open_s := run.input_open_s) is not None:
+                self.metrics.on_input_closed(open_s)
+        run.close()
 
     def _watch(self, context: grpc.aio.ServicerContext, started) -> None:
         def on_done(_ctx) -> None:
@@ -93,7 +99,7 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
                 raise errors.invalid_argument(
                     "input.request_id", "streamed input (input_modalities) on Generate needs a client-chosen "
                     "request_id to Append to; or use GenerateStream / Session")
-            run, _ = self._begin(spec, InputBudget(self._deps.limits))
+            run, _ = self._begin(spec, InputBudget(self._deps.limits), client.of_context(context))
             started.append(run)
             text, token_ids, logprobs = [], [], []
             async for event in self.metrics.observe(run.events(), run.request_id, "Generate"):
@@ -122,18 +128,24 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
                 self._end(run)
 
     async def GenerateStream(self, request: api.GenerateStreamRequest, context):
+        async for event in self.stream(request.input, context, surface="GenerateStream"):
+            yield event
+
+    async def stream(self, inp, context, surface: str):
+        """One request's GenerateStreamResponse events, for GenerateStream and for the HTTP
+        surfaces built on it (openai/routes.py); `surface` labels its metrics and log line."""
         started: list[RequestRun] = []
         self._watch(context, started)
         try:
             try:
-                spec = wire.request_spec(request.input)
-                run, accepted = self._begin(spec, InputBudget(self._deps.limits))
+                spec = wire.request_spec(inp)
+                run, accepted = self._begin(spec, InputBudget(self._deps.limits), client.of_context(context))
                 started.append(run)
             except MstarError as err:
                 await errors.abort(context, err)  # before any message: a real status
                 return
             yield wire.stream_event(accepted)
-            async for event in self.metrics.observe(run.events(), run.request_id, "GenerateStream"):
+            async for event in self.metrics.observe(run.events(), run.request_id, surface):
                 yield wire.stream_event(event)
         finally:
             for run in started:
@@ -144,6 +156,7 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         self._watch(context, started)
         outbox: asyncio.Queue = asyncio.Queue(maxsize=_SESSION_OUTBOX)
         budget = InputBudget(self._deps.limits)
+        client_key = client.of_context(context)  # every request of a session shares its client's share
         pumps: set[asyncio.Task] = set()
 
         async def pump(run: RequestRun) -> None:
@@ -157,7 +170,7 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         async def read() -> None:
             try:
                 async for message in request_iterator:
-                    await self._session_action(message, budget, started, pumps, pump, outbox)
+                    await self._session_action(message, budget, client_key, started, pumps, pump, outbox)
                 await asyncio.gather(*pumps)  # half-closed: running requests still finish
                 await outbox.put(None)
             except MstarError as err:  # per-session caps: ends the whole session
@@ -177,14 +190,14 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
             for run in started:
                 self._end(run)
 
-    async def _session_action(self, message, budget, started, pumps, pump, outbox) -> None:
+    async def _session_action(self, message, budget, client_key, started, pumps, pump, outbox) -> None:
         action = message.WhichOneof("action")
         if action == "start":
             request_id = message.start.request_id
             try:
                 spec = wire.request_spec(message.start)
                 request_id = spec.request_id
-                run, accepted = self._begin(spec, budget)
+                run, accepted = self._begin(spec, budget, client_key)
             except MstarError as err:
                 if err.reason == "INPUT_LIMIT":
                     raise
@@ -244,8 +257,8 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         )
 
     async def drain(self, grace_s: float) -> None:
-        """SIGTERM: refuse new requests, let running ones finish within the grace period."""
-        self.draining = True
+        """SIGTERM (the state is DRAINING: new requests are refused): let running ones finish
+        within the grace period, then cancel the rest."""
         deadline = time.monotonic() + grace_s
         while self._runs and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

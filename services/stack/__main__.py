@@ -1,7 +1,11 @@
-"""`make run`: start generation + preprocess + Envoy, wait until ready, stop all on Ctrl-C/SIGTERM.
+"""`make run`: start generation + preprocess + Envoy, wait until ready, keep them running (a child
+that exits is restarted with backoff and the restart is printed), stop all on Ctrl-C/SIGTERM.
 
 Ports and model: flags, else MSTAR_HTTP_PORT / MSTAR_ADMIN_PORT / MSTAR_PREPROCESS_PORT /
-MSTAR_GENERATION_PORT / MSTAR_MODEL, else 8080 / 9901 / 50051 / 50052 / default.
+MSTAR_GENERATION_PORT / MSTAR_GENERATION_METRICS_PORT / MSTAR_PREPROCESS_METRICS_PORT / MSTAR_MODEL,
+else 8080 / 9901 / 50051 / 50052 / 9101 / 9102 / default. MSTAR_DEFAULT_MAX_TOKENS sets the
+max_tokens of requests that give none (default: whatever fits in the context); MSTAR_OTLP_ENDPOINT
+(HOST:PORT) exports OpenTelemetry spans of all three to that collector (default: none).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from pathlib import Path
 
 from services.stack.readiness import NotReady
 from services.stack.stack import Stack, StackConfig
+from services.stack.supervisor import Supervisor
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -24,6 +29,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--admin-port", type=int)
     p.add_argument("--preprocess-port", type=int)
     p.add_argument("--generation-port", type=int)
+    p.add_argument("--generation-metrics-port", type=int)
+    p.add_argument("--preprocess-metrics-port", type=int)
+    p.add_argument("--otlp-endpoint", metavar="HOST:PORT",
+                   help="export OpenTelemetry spans of Envoy and both services to this OTLP/gRPC collector "
+                        "(env MSTAR_OTLP_ENDPOINT); default: none exported")
+    p.add_argument("--default-max-tokens", type=int,
+                   help="max_tokens of a request that sets none (env MSTAR_DEFAULT_MAX_TOKENS); default: what fits")
     p.add_argument("--null-engine", action="store_true", help="generation without a model (plumbing tests)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"],
                    help="model dtype (env MSTAR_DTYPE); auto = float32 on CPU, bfloat16 on CUDA")
@@ -37,6 +49,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def banner(stack: Stack) -> str:
     t = stack.timings_s
     url = stack.http_url
+    metrics = stack.metrics_urls
     return f"""
 mstar is ready in {t['ready']:.1f} s (generation {t['generation']:.1f} s, preprocess {t['preprocess']:.1f} s,
 first request through Envoy {t['first_request'] - t['envoy_upstream']:.2f} s)
@@ -47,13 +60,16 @@ first request through Envoy {t['first_request'] - t['envoy_upstream']:.2f} s)
   Envoy admin        {stack.admin_url}   (127.0.0.1 only)
   preprocess gRPC    {stack.preprocess_target}
   generation gRPC    {stack.generation_target}
+  metrics            {metrics['generation']}  (generation)
+                     {metrics['preprocess']}  (preprocess)
+                     {metrics['envoy']}  (Envoy)
   logs               {stack.log_dir}
 
   curl -N {url}/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{{"model": "default", "stream": true, "max_tokens": 32,
          "messages": [{{"role": "user", "content": "Say hello in French."}}]}}'
 
-Ctrl-C stops all three.
+A service that exits is restarted (printed here). Ctrl-C stops all three.
 """
 
 
@@ -62,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     config = StackConfig.from_env(
         model=args.model, http_port=args.http_port, admin_port=args.admin_port,
         preprocess_port=args.preprocess_port, generation_port=args.generation_port,
+        generation_metrics_port=args.generation_metrics_port, preprocess_metrics_port=args.preprocess_metrics_port,
+        default_max_tokens=args.default_max_tokens, otlp_endpoint=args.otlp_endpoint,
         log_dir=args.log_dir, ready_timeout_s=args.ready_timeout, null_engine=args.null_engine or None,
         dtype=args.dtype, quantization=args.quantization)
 
@@ -74,10 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stack.start()
         print(banner(stack), flush=True)
-        while stack._alive():
-            time.sleep(0.5)
-        print("a service exited unexpectedly:\n" + stack.describe_failure(), file=sys.stderr, flush=True)
-        return 1
+        supervisor = Supervisor(stack, report=lambda message: print(
+            f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True))
+        while True:
+            supervisor.poll()
+            time.sleep(0.25)
     except NotReady as exc:
         print(f"mstar did not become ready: {exc}", file=sys.stderr, flush=True)
         return 1

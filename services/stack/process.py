@@ -33,12 +33,19 @@ class Child:
         self.name = name
         self.argv = argv
         self.log_path = log_path
+        # The environment as it was at the first start: a restart (Supervisor) runs the same program.
+        self.env = {**os.environ, **(env or {})}
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the child
+        self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the child; a restart appends
         self.proc = subprocess.Popen(
             _with_death_signal(argv), stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})}, start_new_session=True, close_fds=True,
+            env=self.env, start_new_session=True, close_fds=True,
         )
+
+    def respawn(self) -> Child:
+        """Reap this child (and anything left in its group) and start the same program again."""
+        self.stop(grace_s=0.0)
+        return Child(self.name, self.argv, self.log_path, self.env)
 
     @property
     def pid(self) -> int:

@@ -47,10 +47,10 @@ def http_ok(url: str, body: str | None = None) -> Callable[[], bool]:
     return check
 
 
-def generate_once(base_url: str) -> Callable[[], bool]:
+def generate_once(base_url: str, headers: dict[str, str] | None = None) -> Callable[[], bool]:
     """One real request end to end (Envoy → preprocess → generation), one token."""
     def check() -> bool:
-        reply = httpx.post(f"{base_url}/v1/generate", timeout=60.0, json={
+        reply = httpx.post(f"{base_url}/v1/generate", timeout=60.0, headers=headers, json={
             "text": "Hello", "model_kwargs": {"sampling": {"max_tokens": 1, "temperature": 0}}})
         if reply.status_code != 200:
             raise NotReady(f"POST /v1/generate -> {reply.status_code} {reply.text[:200]}")

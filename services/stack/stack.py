@@ -8,6 +8,10 @@ launched at once (Envoy and preprocess come up while the model loads); ready mea
 report grpc.health SERVING, Envoy's admin /ready is LIVE, Envoy's health check sees preprocess
 healthy (GET /health) and one real request through Envoy succeeded. Stop order is the reverse
 of the request path: Envoy (no new traffic), preprocess, generation.
+
+Both services serve Prometheus metrics on their own ports (`generation_metrics_port`,
+`preprocess_metrics_port`); `restart(name)` starts one child again with the same command line
+(services/stack/supervisor.py does that when a child exits).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -30,6 +35,8 @@ ENV_PORTS = {
     "admin_port": "MSTAR_ADMIN_PORT",
     "preprocess_port": "MSTAR_PREPROCESS_PORT",
     "generation_port": "MSTAR_GENERATION_PORT",
+    "preprocess_metrics_port": "MSTAR_PREPROCESS_METRICS_PORT",
+    "generation_metrics_port": "MSTAR_GENERATION_METRICS_PORT",
 }
 
 
@@ -41,6 +48,12 @@ class StackConfig:
     admin_port: int = 9901
     preprocess_port: int = 50051
     generation_port: int = 50052
+    preprocess_metrics_port: int = 9102
+    generation_metrics_port: int = 9101
+    # max_tokens of a request that sets none (preprocess --default-max-tokens); None = what fits.
+    default_max_tokens: int | None = None
+    # OpenTelemetry collector (OTLP/gRPC, HOST:PORT) for the spans of Envoy and both services; none = no export.
+    otlp_endpoint: str | None = None
     null_engine: bool = False
     dtype: str = "auto"  # generation --dtype: auto = fp32 on CPU (HF parity), bf16 on CUDA
     quantization: str = "none"  # generation --quantization: gguf = the GGUF's 4-bit weights as they are
@@ -59,6 +72,10 @@ class StackConfig:
             values["dtype"] = os.environ["MSTAR_DTYPE"]
         if os.environ.get("MSTAR_QUANTIZATION"):
             values["quantization"] = os.environ["MSTAR_QUANTIZATION"]
+        if os.environ.get("MSTAR_DEFAULT_MAX_TOKENS"):
+            values["default_max_tokens"] = int(os.environ["MSTAR_DEFAULT_MAX_TOKENS"])
+        if os.environ.get("MSTAR_OTLP_ENDPOINT"):
+            values["otlp_endpoint"] = os.environ["MSTAR_OTLP_ENDPOINT"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
 
@@ -96,10 +113,21 @@ class Stack:
     def generation_target(self) -> str:
         return f"{self.config.host}:{self.config.generation_port}"
 
+    @property
+    def metrics_urls(self) -> dict[str, str]:
+        c = self.config
+        return {"generation": f"http://{c.host}:{c.generation_metrics_port}/metrics",
+                "preprocess": f"http://{c.host}:{c.preprocess_metrics_port}/metrics",
+                "envoy": f"{self.admin_url}/stats/prometheus"}
+
     def envoy_settings(self, **overrides: object) -> EnvoySettings:
+        tracing: dict[str, object] = {}
+        if self.config.otlp_endpoint:
+            host, _, port = self.config.otlp_endpoint.removeprefix("http://").rpartition(":")
+            tracing = {"otlp_host": host, "otlp_port": int(port)}
         return replace(VARIANTS["local"], http_port=self.config.http_port, admin_port=self.config.admin_port,
                        upstream_host=self.config.host, upstream_port=self.config.preprocess_port,
-                       **{**self.config.envoy_overrides, **overrides})
+                       **{**tracing, **self.config.envoy_overrides, **overrides})
 
     # ---- lifecycle
     def start(self) -> Stack:
@@ -107,18 +135,23 @@ class Stack:
         t0 = time.monotonic()
         py = sys.executable
         gen_argv = [py, "-m", "services.generation", "--model", c.model, "--host", c.host,
-                    "--port", str(c.generation_port)]
+                    "--port", str(c.generation_port), "--metrics-port", str(c.generation_metrics_port)]
+        otlp = ["--otlp-endpoint", c.otlp_endpoint] if c.otlp_endpoint else []
+        gen_argv += otlp
         if c.null_engine:
             gen_argv.append("--null-engine")
         else:
             gen_argv += ["--dtype", c.dtype, "--quantization", c.quantization]
         self.children["generation"] = Child("generation", gen_argv + c.generation_args,
                                             self.log_dir / "generation.log")
-        self.children["preprocess"] = Child(
-            "preprocess",
-            [py, "-m", "services.preprocess", "--model", c.model, "--generation", self.generation_target,
-             "--host", c.host, "--port", str(c.preprocess_port), *c.preprocess_args],
-            self.log_dir / "preprocess.log")
+        pre_argv = [py, "-m", "services.preprocess", "--model", c.model, "--generation", self.generation_target,
+                    "--host", c.host, "--port", str(c.preprocess_port),
+                    "--metrics-port", str(c.preprocess_metrics_port)]
+        if c.default_max_tokens is not None:
+            pre_argv += ["--default-max-tokens", str(c.default_max_tokens)]
+        pre_argv += otlp
+        self.children["preprocess"] = Child("preprocess", pre_argv + c.preprocess_args,
+                                            self.log_dir / "preprocess.log")
         self.children["envoy"] = start_envoy(self.envoy_settings(), self.log_dir)
         try:
             self._wait_ready(t0)
@@ -130,6 +163,19 @@ class Stack:
     def _alive(self) -> bool:
         return all(child.alive() for child in self.children.values())
 
+    def restart(self, name: str) -> Child:
+        """Start child `name` again: same command line, ports, environment and log file."""
+        child = self.children[name] = self.children[name].respawn()
+        return child
+
+    def ready_check(self, name: str) -> Callable[[], bool]:
+        """How child `name` says it serves (after a restart)."""
+        return {
+            "generation": readiness.grpc_serving(self.generation_target),
+            "preprocess": readiness.grpc_serving(self.preprocess_target),
+            "envoy": readiness.http_ok(self.admin_url + "/ready", "LIVE"),
+        }[name]
+
     def _wait_ready(self, t0: float) -> None:
         timeout = self.config.ready_timeout_s
         steps = [
@@ -137,7 +183,7 @@ class Stack:
             ("generation", readiness.grpc_serving(self.generation_target)),
             ("preprocess", readiness.grpc_serving(self.preprocess_target)),
             ("envoy_upstream", readiness.http_ok(self.http_url + "/health")),
-            ("first_request", readiness.generate_once(self.http_url)),
+            ("first_request", readiness.generate_once(self.http_url, self._auth_headers())),
         ]
         for name, check in steps:
             remaining = max(1.0, timeout - (time.monotonic() - t0))
@@ -147,6 +193,10 @@ class Stack:
                 raise readiness.NotReady(f"{exc}\n{self.describe_failure()}") from None
             self.timings_s[name] = time.monotonic() - t0
         self.timings_s["ready"] = time.monotonic() - t0
+
+    def _auth_headers(self) -> dict[str, str]:
+        keys = self.envoy_settings().api_keys
+        return {"authorization": f"Bearer {keys[0]}"} if keys else {}
 
     def describe_failure(self) -> str:
         parts = []

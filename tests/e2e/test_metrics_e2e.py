@@ -1,12 +1,12 @@
 """/metrics after real requests: histograms moved, gauges back to idle, the conductor's pushed
-snapshots re-exported by preprocess, one JSON log line per request. Own Stack (not the shared
-fixture) because it needs --metrics-port on both services."""
+snapshots re-exported by preprocess, one JSON log line per request. The stack serves metrics on
+both services as `make run` does (StackConfig's metrics ports); own Stack (not the shared fixture)
+for a faster conductor status interval."""
 
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import grpc
 import httpx
@@ -16,25 +16,18 @@ from mstar.v1 import inference_service_pb2_grpc as api_grpc
 from mstar.v1 import messages_pb2 as pb
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.stack.ports import free_port
 from services.stack.stack import Stack, StackConfig
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
-WIRED = all("--metrics-port" in (ROOT / f"services/{s}/__main__.py").read_text() for s in ("generation", "preprocess"))
 HTTP_REQUESTS, GRPC_REQUESTS, MAX_TOKENS = 3, 1, 6
 
 
 @pytest.fixture(scope="module")
 def metered():
-    if not WIRED:
-        pytest.skip("services do not take --metrics-port yet (wiring listed in docs/metrics.md)")
-    gen_port, pre_port = free_port(), free_port()
-    config = StackConfig.with_free_ports(
-        generation_args=["--metrics-port", str(gen_port), "--status-interval-ms", "200"],
-        preprocess_args=["--metrics-port", str(pre_port)])
+    config = StackConfig.with_free_ports(generation_args=["--status-interval-ms", "200"])
     with Stack(config) as stack:
-        yield stack, f"http://127.0.0.1:{gen_port}/metrics", f"http://127.0.0.1:{pre_port}/metrics"
+        urls = stack.metrics_urls
+        yield stack, urls["generation"], urls["preprocess"]
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
@@ -98,6 +91,9 @@ def test_metrics_move_and_return_to_idle(metered):
     assert moved(pre, before_pre, "mstar_preprocess_itl_seconds_count") >= n
     assert moved(pre, before_pre, "mstar_preprocess_e2e_seconds_sum") > 0
     assert moved(pre, before_pre, "mstar_preprocess_requests_total", finish_reason="length", status="OK") >= n
+    # Labelled by what the client called: the OpenAI requests are not counted as GenerateStream.
+    assert moved(pre, before_pre, "mstar_preprocess_requests_total", surface="completions") == HTTP_REQUESTS
+    assert moved(pre, before_pre, "mstar_preprocess_requests_total", surface="GenerateStream") == GRPC_REQUESTS
     assert moved(pre, before_pre, "mstar_preprocess_completion_tokens_total") >= n * MAX_TOKENS
 
 
@@ -118,6 +114,7 @@ def test_one_json_log_line_per_request(metered):
              if ln.startswith("{") and '"request done"' in ln]
     assert len(lines) >= HTTP_REQUESTS + GRPC_REQUESTS
     assert all(ln["request_id"] and ln["finish_reason"] for ln in lines)
+    assert {ln["surface"] for ln in lines} >= {"completions", "GenerateStream"}
 
 
 def test_unary_http_carries_timing_headers(metered):

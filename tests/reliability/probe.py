@@ -22,6 +22,9 @@ from mstar.v1 import messages_pb2 as pb
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+# Each probe channel gets its own connection: gRPC otherwise shares one per address across the
+# process, and one that saw a killed server keeps failing fast during its reconnect backoff.
+FRESH = (("grpc.use_local_subchannel_pool", 1),)
 
 
 def sampling(max_tokens: int = 8, **kw) -> pb.ModelKwargs:
@@ -40,7 +43,7 @@ async def conductor_status(gen_addr: str, timeout_s: float = 5.0) -> dict[str, f
         yield gen_pb2.StreamRequest()
         await asyncio.sleep(timeout_s)
 
-    async with grpc.aio.insecure_channel(gen_addr) as channel:
+    async with grpc.aio.insecure_channel(gen_addr, options=FRESH) as channel:
         stub = gen_grpc.GenerationServiceStub(channel)
         call = stub.Stream(hold_open(), metadata=(("mstar-status-interval-ms", "50"),), timeout=timeout_s)
         try:
@@ -68,7 +71,7 @@ async def wait_engine_idle(gen_addr: str, kv_baseline: float = 0.0, timeout_s: f
 
 
 async def health(addr: str, service: str = "", timeout_s: float = 2.0) -> int:
-    async with grpc.aio.insecure_channel(addr) as channel:
+    async with grpc.aio.insecure_channel(addr, options=FRESH) as channel:
         reply = await health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
         return reply.status

@@ -108,31 +108,46 @@ def _dog(clock, state, stalls):
     return Watchdog(2.0, lambda: state["step"], lambda: state["busy"], stalls.append, poll_s=0.1, clock=clock)
 
 
+def _wait(dog, clock, seconds: float) -> bool:
+    """Advance the clock by `seconds`, polling every poll_s as the watchdog thread does; True if it tripped."""
+    tripped = False
+    for _ in range(round(seconds / dog.poll_s)):
+        clock.t += dog.poll_s
+        tripped |= dog.check()
+    return tripped
+
+
 def test_watchdog_trips_once_when_busy_without_progress():
     clock, state, stalls = _Clock(), {"step": 0, "busy": True}, []
     dog = _dog(clock, state, stalls)
     for _ in range(10):  # steady progress: never trips
-        clock.t += 1.0
+        assert not _wait(dog, clock, 1.0)
         state["step"] += 1
-        assert not dog.check()
-    clock.t += 1.5
-    assert not dog.check()
-    clock.t += 1.0
-    assert dog.check() and dog.tripped and stalls == [pytest.approx(2.5)]
-    clock.t += 10
-    assert not dog.check() and len(stalls) == 1  # latched
+    assert not _wait(dog, clock, 1.9)
+    assert _wait(dog, clock, 0.3) and dog.tripped and stalls == [pytest.approx(2.05, abs=0.06)]
+    assert not _wait(dog, clock, 10.0) and len(stalls) == 1  # latched
 
 
 def test_watchdog_ignores_idle_time_before_work_appears():
     clock, state, stalls = _Clock(), {"step": 0, "busy": False}, []
     dog = _dog(clock, state, stalls)
-    clock.t += 3600.0
-    assert not dog.check()  # idle for an hour
+    assert not _wait(dog, clock, 3600.0)  # idle for an hour
     state["busy"] = True
-    clock.t += 1.0
-    assert not dog.check()  # work appeared 1 s ago: not a stall yet
-    clock.t += 1.5
-    assert dog.check()
+    assert not _wait(dog, clock, 1.0)  # work appeared 1 s ago: not a stall yet
+    assert _wait(dog, clock, 1.5)
+
+
+def test_watchdog_does_not_charge_a_frozen_process_to_the_engine():
+    # SIGSTOP of the whole process for 40 s: the watchdog's own polls stop too. When both resume,
+    # the engine gets a fresh timeout instead of being declared stalled for the frozen time.
+    clock, state, stalls = _Clock(), {"step": 0, "busy": True}, []
+    dog = _dog(clock, state, stalls)
+    assert not _wait(dog, clock, 1.0)
+    clock.t += 40.0  # no poll ran
+    assert not dog.check()
+    assert not _wait(dog, clock, 1.9)
+    assert _wait(dog, clock, 0.3)  # still no progress after resuming: a real stall
+    assert stalls == [pytest.approx(2.05, abs=0.06)]
 
 
 def test_watchdog_treats_concurrent_mutation_as_progress():
@@ -141,10 +156,8 @@ def test_watchdog_treats_concurrent_mutation_as_progress():
     def racing():
         raise RuntimeError("deque mutated during iteration")
 
-    dog = Watchdog(1.0, lambda: 0, racing, stalls.append, clock=clock)
-    for _ in range(5):
-        clock.t += 2.0
-        assert not dog.check()
+    dog = Watchdog(1.0, lambda: 0, racing, stalls.append, poll_s=0.1, clock=clock)
+    assert not _wait(dog, clock, 10.0)
     assert stalls == []
 
 

@@ -35,7 +35,9 @@ def _retry_delay_s(error: grpc.aio.AioRpcError) -> float | None:
 
 def test_r17_overload_refuses_excess_fast_with_retry_advice(make_rig, figures):
     cap = 8
-    rig = make_rig(generation_args=NULL_STEP, preprocess_args=("--max-requests", str(cap)))
+    # One client here: its share (3/4 of the slots by default, R37) is lifted to the whole cap.
+    rig = make_rig(generation_args=NULL_STEP, preprocess_args=("--max-requests", str(cap),
+                                                               "--max-requests-per-client", str(cap)))
 
     async def one(stub, max_tokens: int):
         t0 = time.monotonic()

@@ -71,6 +71,7 @@ async def _serve(
     *,
     model_name: str = "",
     token_text: Callable[[int], str] | None = None,
+    token_bytes: Callable[[int], bytes] | None = None,
     keep_alive: bool = True,
     request_id_prefix: str = "",
 ) -> AsyncIterator[httpbody_pb2.HttpBody]:
@@ -80,7 +81,7 @@ async def _serve(
         await errors.abort(context, err)
         return
     inputs = [preprocess_input(req, i) for i in range(req.n)]
-    stream = _Stream(req, token_text or default_token_text, keep_alive, model_name, request_id_prefix)
+    stream = _Stream(req, token_text or default_token_text, token_bytes, keep_alive, model_name, request_id_prefix)
     events = merged(run, inputs, context)
     try:
         async for index, event in events:
@@ -111,10 +112,11 @@ class _Stream:
     """Turns GenerateStreamResponse events into HttpBody frames (SSE) or one JSON response."""
 
     def __init__(
-        self, req: OpenAIRequest, token_text, keep_alive: bool, model_name: str, prefix: str
+        self, req: OpenAIRequest, token_text, token_bytes, keep_alive: bool, model_name: str, prefix: str
     ) -> None:
         self.req = req
         self.token_text = token_text
+        self.token_bytes = token_bytes  # the tokenizer's, for logprob bytes (None: the text's)
         self.keep_alive = keep_alive
         self.choices = [Choice() for _ in range(req.n)]
         self.env = Envelope(
@@ -184,7 +186,7 @@ class _Stream:
         if self.req.sampling.logprobs is None:
             return None
         if self.env.chat:
-            return render.chat_logprobs(entries, self.token_text)
+            return render.chat_logprobs(entries, self.token_text, self.token_bytes)
         return render.completion_logprobs(entries, self.token_text, choice.text_offset)
 
     def _usage(self) -> dict:

@@ -59,7 +59,13 @@ def sse(obj: dict) -> bytes:
     return b"data: " + dumps(obj) + b"\n\n"
 
 
-FINISH_REASONS = {1: "stop", 2: "length", 3: "abort", 4: "error"}  # mstar.v1.FinishReason values
+# mstar.v1.FinishReason -> OpenAI's finish_reason, which clients parse as an enum of "stop",
+# "length", "content_filter", "tool_calls" (and legacy "function_call"): no other value may appear.
+# A request stopped before its natural end (FINISH_REASON_CANCELLED: a Cancel by id, the end of a
+# drain) is "stop": generation stopped before max_tokens, which is what "stop" means to a client.
+# FINISH_REASON_ERROR never reaches a renderer: a failed request is an error object (docs/http.md).
+FINISH_REASONS = {1: "stop", 2: "length", 3: "stop"}
+OPENAI_FINISH_REASONS = frozenset({"stop", "length", "content_filter", "tool_calls", "function_call"})
 
 
 def finish_reason(value: int) -> str:
@@ -85,12 +91,17 @@ class TokenLogprob:
 
 
 TokenText = Callable[[int], str]
+TokenBytes = Callable[[int], bytes]
 
 
-def chat_logprobs(entries: list[TokenLogprob], text: TokenText) -> dict:
+def chat_logprobs(entries: list[TokenLogprob], text: TokenText, token_bytes: TokenBytes | None = None) -> dict:
+    """`bytes` are the token's own bytes (`token_bytes`): a token holding part of a UTF-8 character
+    (byte-fallback tokens, a cut emoji) has no text of its own, and its `token` shows U+FFFD, but
+    its `bytes` are what the client concatenates to rebuild the text, as OpenAI documents."""
     def item(token_id: int, logprob: float) -> dict:
         token = text(token_id)
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+        raw = token_bytes(token_id) if token_bytes is not None else token.encode("utf-8")
+        return {"token": token, "logprob": logprob, "bytes": list(raw)}
 
     return {
         "content": [

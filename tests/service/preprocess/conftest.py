@@ -60,10 +60,8 @@ class Preprocess:
         file_root = kw.pop("file_root", None)
 
         async def start():
-            server = GrpcServer("127.0.0.1", 0)
-            backend = GenerationBackend(
-                generation_target, on_health=lambda ok: asyncio.ensure_future(server.set_serving(ok))
-            )
+            server = GrpcServer("preprocess", "127.0.0.1", 0)
+            backend = GenerationBackend(generation_target, state=server.state, **kw.get("backend", {}))
             deps = Deps(
                 model=model,
                 backend=backend,
@@ -72,10 +70,12 @@ class Preprocess:
                 files=FileReader(file_root, limits.max_file_bytes),
                 keepalive_s=kw.get("keepalive_s", 2.0),
                 input_idle_s=kw.get("input_idle_s", 60.0),
+                input_lifetime_s=kw.get("input_lifetime_s", 300.0),
             )
-            servicer = InferenceServicer(deps)
+            servicer = InferenceServicer(deps, server.state)
             server.add(api_grpc.add_InferenceServiceServicer_to_server, servicer, "mstar.v1.InferenceService")
             port = await server.start()
+            server.state.serve()
             backend.start()
             return server, backend, servicer, port
 

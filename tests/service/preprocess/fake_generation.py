@@ -1,7 +1,8 @@
 """A contract-following stand-in for GenerationService used where the model does not matter:
 each request "generates" its own prompt tokens back, one per step, honouring max_tokens,
 streamed input (ClientAppend / ends), Abort and stop_token_ids. Steps are batched like the real
-engine: one StreamResponse per step with a row for every running request."""
+engine: one StreamResponse per step with a row for every running request. Like the real service it
+pushes a ConductorStatus every `mstar-status-interval-ms` (the preprocess backend's heartbeat)."""
 
 from __future__ import annotations
 
@@ -46,18 +47,33 @@ class FakeGeneration(gen_grpc.GenerationServiceServicer):
                                 r["open"] = False
                     elif kind == "abort":
                         self.aborted.append(env.abort.request_id)
-                        requests.pop(env.abort.request_id, None)
+                        r = requests.pop(env.abort.request_id, None)
                         self.live.discard(env.abort.request_id)
+                        if r is not None:  # like the engine: an aborted request ends cancelled
+                            cancelled.append((env.abort.request_id, r))
                 wake.set()
 
+        cancelled: list[tuple[str, dict]] = []
         reader = asyncio.create_task(read())
+        interval_ms = int(dict(context.invocation_metadata() or ()).get("mstar-status-interval-ms", "0") or 0)
+        status_due = asyncio.get_running_loop().time()
         step = 0
         try:
             while True:
+                while cancelled:
+                    key, r = cancelled.pop(0)
+                    yield gen_pb2.StreamResponse(envelopes=[_complete(key, pb.FINISH_REASON_CANCELLED, r)])
+                if interval_ms and asyncio.get_running_loop().time() >= status_due:
+                    status_due += interval_ms / 1000
+                    yield gen_pb2.StreamResponse(envelopes=[pb.Envelope(conductor_status=pb.ConductorStatus())])
                 ready = {k: r for k, r in requests.items() if not r["open"]}
                 if not ready:
                     wake.clear()
-                    await wake.wait()
+                    timeout = max(0.0, status_due - asyncio.get_running_loop().time()) if interval_ms else None
+                    try:
+                        await asyncio.wait_for(wake.wait(), timeout)
+                    except TimeoutError:
+                        pass
                     continue
                 await asyncio.sleep(self.step_s)
                 step += 1
@@ -91,20 +107,24 @@ class FakeGeneration(gen_grpc.GenerationServiceServicer):
                     )
                 ]
                 for key, reason, r in done:
-                    envs.append(
-                        pb.Envelope(
-                            request_complete=pb.RequestComplete(
-                                request_id=key,
-                                finish_reason=reason,
-                                usage=pb.Usage(prompt_tokens=len(r["prompt"]), completion_tokens=r["out"]),
-                            )
-                        )
-                    )
+                    envs.append(_complete(key, reason, r))
                 yield gen_pb2.StreamResponse(envelopes=envs)
         finally:
             reader.cancel()
             for key in requests:
                 self.live.discard(key)
+
+
+def _complete(key: str, reason: int, r: dict) -> pb.Envelope:
+    """A RequestComplete with the usage and timings the engine would report (the fake's own clock:
+    one step per token; the prompt's first 2 tokens count as cached)."""
+    return pb.Envelope(request_complete=pb.RequestComplete(
+        request_id=key, finish_reason=reason,
+        usage=pb.Usage(prompt_tokens=len(r["prompt"]), completion_tokens=r["out"],
+                       cached_prompt_tokens=min(2, len(r["prompt"]))),
+        timings=pb.Timings(queue_ms=1.0, prefill_ms=2.0, time_to_first_token_ms=3.0,
+                           decode_ms=float(max(0, r["out"] - 1)), e2e_ms=4.0 + r["out"]),
+    ))
 
 
 async def start_fake(port: int = 0, step_s: float = 0.002):

@@ -49,6 +49,10 @@ def test_stop_string_not_leaked(fake_stack):
     done = events[-1].complete
     assert text == "one two"
     assert (done.finish_reason, done.stop_reason) == (pb.FINISH_REASON_STOP, " three")
+    # The engine never saw the stop string, yet the finish carries its real usage and timings
+    # (they used to be all 0): the request is stopped and its engine-side end awaited.
+    assert done.usage.cached_prompt_tokens == 2 and done.usage.completion_tokens == 3
+    assert done.timings.time_to_first_token_ms == 3.0 and done.timings.e2e_ms > 0
 
 
 def test_chat_messages(fake_stack, model):
@@ -224,6 +228,53 @@ def test_open_input_that_goes_quiet_fails_and_frees_its_slot(loop, model):
         failed = events[-1].failed
         assert failed.reason == "INPUT_IDLE_TIMEOUT" and failed.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
         assert pre.servicer.num_running == 0 and pre.backend.num_requests == 0
+    finally:
+        pre.close()
+        loop.run(server.stop(None))
+
+
+def test_preprocessing_time_is_observed_once_per_admitted_request(fake_stack):
+    count = "mstar_preprocess_preprocess_seconds_count"
+    before = fake_stack.servicer.metrics.registry.get_sample_value(count) or 0
+    fake_stack.stub.Generate(api.GenerateRequest(input=_input(max_tokens=2)), timeout=10)
+    with pytest.raises(grpc.RpcError):  # refused before admission: no preprocessing figure
+        fake_stack.stub.Generate(api.GenerateRequest(input=_input(temperature=-1.0)), timeout=10)
+    assert fake_stack.servicer.metrics.registry.get_sample_value(count) == before + 1
+
+
+def test_appends_that_keep_an_input_alive_cannot_hold_it_open_past_the_lifetime_cap(loop, model):
+    """Finding 3: an append every so often resets the idle timer, but the input still closes (and
+    frees its admission and open-input slots) at the absolute lifetime cap."""
+    server, _fake, port = loop.run(start_fake())
+    pre = Preprocess(loop, model, f"127.0.0.1:{port}", keepalive_s=0.1, input_idle_s=0.5, input_lifetime_s=1.5)
+    try:
+        pre.wait_healthy()
+        start = pb.PreprocessInput(
+            request_id="squat-1", text="a", input_modalities=[pb.MODALITY_TEXT],
+            model_kwargs=pb.ModelKwargs(sampling=pb.SamplingParams(max_tokens=5)),
+        )
+        stream = pre.stub.GenerateStream(api.GenerateStreamRequest(input=start), timeout=20)
+        assert next(stream).HasField("accepted")
+        t0 = time.monotonic()
+        appended = 0
+        while time.monotonic() - t0 < 2.5:  # every 0.3 s: never idle for 0.5 s
+            try:
+                pre.stub.Append(api.AppendRequest(append=pb.ClientAppend(request_id="squat-1", text=" b")), timeout=5)
+                appended += 1
+            except grpc.RpcError as err:
+                assert err.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
+                break
+            time.sleep(0.3)
+        events = list(stream)
+        failed = events[-1].failed
+        assert failed.reason == "INPUT_OPEN_TOO_LONG" and failed.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+        assert 1.5 <= time.monotonic() - t0 < 3.0 and appended >= 4
+        assert pre.servicer.num_running == 0 and pre.backend.num_requests == 0
+        admission = pre.servicer._deps.admission
+        assert admission.snapshot() == {"clients": 0, "busiest_client_requests": 0, "open_inputs": 0, "requests": 0}
+        metrics = pre.servicer.metrics.registry
+        assert metrics.get_sample_value("mstar_preprocess_requests_failed_total", {"reason": "INPUT_OPEN_TOO_LONG"}) == 1
+        assert metrics.get_sample_value("mstar_preprocess_input_open_seconds_count") == 1
     finally:
         pre.close()
         loop.run(server.stop(None))

@@ -17,7 +17,7 @@ from conftest import REPO, Preprocess, free_port, start_generation
 from mstar.v1 import inference_service_pb2 as api
 from mstar.v1 import messages_pb2 as pb
 
-from services.preprocess.admission import Admission
+from services.preprocess.admission import Admission, AdmissionLimits
 
 
 def _start(rid, text="alpha beta gamma delta epsilon", max_tokens=20):
@@ -70,7 +70,7 @@ def test_overload_is_fast_and_admitted_finish(loop, model):
     from fake_generation import start_fake
 
     server, fake, port = loop.run(start_fake(step_s=0.01))
-    pre = Preprocess(loop, model, f"127.0.0.1:{port}", admission=Admission(max_requests=4))
+    pre = Preprocess(loop, model, f"127.0.0.1:{port}", admission=Admission(AdmissionLimits(max_requests=4)))
     pre.wait_healthy()
     try:
         results: list = [None] * 16

@@ -33,7 +33,7 @@ def test_resource_exhausted_has_retry_info_and_maps_to_429():
     details = _details(errors.to_rpc_status(err))
     assert details["RetryInfo"].retry_delay.seconds == 2 and details["RetryInfo"].retry_delay.nanos == 500_000_000
     assert err.http_status == 429
-    assert err.grpc_code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert errors.to_grpc_status(err).code == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 def test_http_mapping_matches_envoy():

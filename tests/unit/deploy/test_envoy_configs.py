@@ -68,3 +68,16 @@ def test_compose_and_k8s_reference_files_that_exist():
     for generator in kustomization["configMapGenerator"]:
         for entry in generator["files"]:
             assert (DEPLOY / "k8s" / entry.split("=")[-1]).is_file()
+
+
+def test_probes_and_restart_policies_let_orchestrators_heal_the_services():
+    # Readiness follows the serving state; liveness must not restart a process that only waits for
+    # its backend (the "liveness" health name is NOT_SERVING only when FAILED).
+    for name, port in (("generation", 50052), ("preprocess", 50051)):
+        pod = yaml.safe_load((DEPLOY / "k8s" / f"{name}.yaml").read_text().split("\n---")[0])["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        assert container["readinessProbe"]["grpc"] == {"port": port}
+        assert container["livenessProbe"]["grpc"] == {"port": port, "service": "liveness"}
+        assert container["startupProbe"]["grpc"] == {"port": port}
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    assert all(service["restart"] == "unless-stopped" for service in compose["services"].values())

@@ -30,6 +30,11 @@ def test_child_dies_when_the_launcher_is_killed(tmp_path):
         from pathlib import Path
         from services.stack.process import Child
         child = Child("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"], Path({str(tmp_path)!r}) / "c.log")
+        # setpriv sets the death signal and then execs the program: before that exec, a launcher
+        # killed this early would leave an orphan (a race of the test, not of make run).
+        deadline = time.monotonic() + 10
+        while b"setpriv" in Path(f"/proc/{{child.pid}}/cmdline").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)
         print(child.pid, flush=True)
         time.sleep(60)
     """)

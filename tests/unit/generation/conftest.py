@@ -14,5 +14,19 @@ def _one_thread():
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoint():
-    return random_checkpoint(TINY, seed=0)
+def _tiny_checkpoint_and_fingerprint():
+    checkpoint = random_checkpoint(TINY, seed=0)
+    return checkpoint, _fingerprint(checkpoint)
+
+
+@pytest.fixture
+def tiny_checkpoint(_tiny_checkpoint_and_fingerprint):
+    """The session's tiny Llama. Shared by every test, so a test must never write into it (copy the
+    tensor it wants to change); checked after each test, so a mutation fails the test that made it."""
+    checkpoint, before = _tiny_checkpoint_and_fingerprint
+    yield checkpoint
+    assert _fingerprint(checkpoint) == before, "a test mutated the shared tiny checkpoint"
+
+
+def _fingerprint(checkpoint) -> dict[str, bytes]:
+    return {name: t.detach().contiguous().numpy().tobytes() for name, t in checkpoint.state_dict.items()}

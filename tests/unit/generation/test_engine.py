@@ -2,11 +2,13 @@
 
 import threading
 import time
+from dataclasses import replace
 
 import torch
 from generation_helpers import drive, make_engine
 
 from services.common.errors import Code
+from services.common.serving import State
 from services.generation.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -96,21 +98,21 @@ def test_prefix_cache_hits_are_reported(tiny_checkpoint):
 
 
 def test_non_finite_logits_fail_only_that_request(tiny_checkpoint):
-    engine = make_engine(tiny_checkpoint)
-    engine.runner.model.embed_tokens[13] = float("nan")  # token 13 poisons its own sequence
+    # A private copy of the embedding: the session's checkpoint is shared and must stay intact.
+    embed = tiny_checkpoint.state_dict["model.embed_tokens.weight"].clone()
+    embed[13] = float("nan")  # token 13 poisons its own sequence
+    poisoned = replace(tiny_checkpoint, state_dict={**tiny_checkpoint.state_dict, "model.embed_tokens.weight": embed})
+    engine = make_engine(poisoned)
     engine.add_request("bad", [5, 13, 6], GREEDY)
     engine.add_request("good", [5, 12, 6], GREEDY)
     tokens, completed, failed, _ = drive(engine)
     assert set(failed) == {"bad"} and failed["bad"].error.code == Code.INTERNAL
     assert failed["bad"].error.reason == "NON_FINITE_LOGITS" and len(tokens["good"]) == 8
     assert torch.isfinite(engine.runner.kv_cache.k).all()  # its blocks were scrubbed
-    engine.runner.model.embed_tokens[13] = 0.0
 
 
 def test_a_crashed_step_fails_everyone_and_rejects_new_requests(tiny_checkpoint):
     engine = make_engine(tiny_checkpoint)
-    dead = []
-    engine.on_dead = dead.append
     engine.add_request("a", [5, 6], GREEDY)
     engine.add_request("b", [7, 8], GREEDY)
     engine.run_once()
@@ -121,7 +123,7 @@ def test_a_crashed_step_fails_everyone_and_rejects_new_requests(tiny_checkpoint)
     engine.runner.run = boom
     out = engine.run_once()
     assert {f.key for f in out.failed} == {"a", "b"} and all(f.error.code == Code.UNAVAILABLE for f in out.failed)
-    assert engine.is_dead and len(dead) == 1
+    assert engine.serving.state is State.FAILED and engine.serving.refusal().reason == "ENGINE_FAILED"
     engine.add_request("c", [5], GREEDY)
     assert engine.run_once().failed[0].error.code == Code.UNAVAILABLE
 

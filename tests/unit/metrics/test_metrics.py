@@ -34,18 +34,22 @@ def completion(**over):
 
 def test_generation_step_sets_gauges_and_counts():
     m = GenerationMetrics()
-    m.on_step(0.05, running=3, waiting=2, preempted=1, kv_blocks_used=7, kv_blocks_free=9,
-              batch_tokens=40, generated_tokens=3, new_preemptions=1, prefix_query_tokens=32, prefix_hit_tokens=16)
+    tok = SimpleNamespace()
+    step = SimpleNamespace(num_batched_tokens=40, tokens=[tok, tok, tok], completed=[], failed=[])
+    engine = fake_engine(running=3, preemptions=1, q=32, h=16)
+    engine.scheduler.waiting = [SimpleNamespace(timing=SimpleNamespace(preempted_at=1.0)),
+                                SimpleNamespace(timing=SimpleNamespace(preempted_at=None))]
+    m.on_engine_output(step, engine)
     assert value(m, "mstar_generation_requests_running") == 3
     assert value(m, "mstar_generation_requests_waiting") == 2
-    assert value(m, "mstar_generation_kv_blocks_free") == 9
+    assert value(m, "mstar_generation_requests_preempted") == 1
+    assert value(m, "mstar_generation_kv_blocks_free") == 7
     assert value(m, "mstar_generation_steps_total") == 1
     assert value(m, "mstar_generation_generation_tokens_total") == 3
     assert value(m, "mstar_generation_preemptions_total") == 1
     assert value(m, "mstar_generation_prefix_cache_hits_tokens_total") == 16
-    assert value(m, "mstar_generation_step_seconds_count") == 1
     assert value(m, "mstar_generation_step_batch_tokens_sum") == 40
-    m.set_idle_state(0, 0, 0, 0, 16)
+    m.on_engine_output(SimpleNamespace(num_batched_tokens=0, tokens=[], completed=[], failed=[]), fake_engine())
     assert value(m, "mstar_generation_requests_running") == 0
 
 
@@ -75,15 +79,15 @@ def test_request_clock_counts_gaps_between_chunks_only():
 def test_preprocess_request_done_and_json_log(caplog):
     m = PreprocessMetrics()
     clock = m.on_request_started("GenerateStream")
-    assert value(m, "mstar_preprocess_requests_in_flight", {"rpc": "GenerateStream"}) == 1
+    assert value(m, "mstar_preprocess_requests_in_flight", {"surface": "GenerateStream"}) == 1
     clock.on_tokens(1)
     clock.on_tokens(1)
     with caplog.at_level(logging.INFO, logger="mstar.requests"):
-        m.on_request_done("r-1", clock, rpc="GenerateStream", finish_reason="length", prompt_tokens=7,
+        m.on_request_done("r-1", clock, surface="GenerateStream", finish_reason="length", prompt_tokens=7,
                           timings={"queue_ms": 1.23456})
-    assert value(m, "mstar_preprocess_requests_in_flight", {"rpc": "GenerateStream"}) == 0
+    assert value(m, "mstar_preprocess_requests_in_flight", {"surface": "GenerateStream"}) == 0
     assert value(m, "mstar_preprocess_requests_total",
-                 {"rpc": "GenerateStream", "finish_reason": "length", "status": "OK"}) == 1
+                 {"surface": "GenerateStream", "finish_reason": "length", "status": "OK"}) == 1
     assert value(m, "mstar_preprocess_completion_tokens_total") == 2
     assert value(m, "mstar_preprocess_ttft_seconds_count") == 1
     assert value(m, "mstar_preprocess_itl_seconds_count") == 1
@@ -124,11 +128,15 @@ def test_timing_metadata_and_dict():
 
 def test_metrics_server_serves_exposition():
     m = GenerationMetrics()
-    m.on_step(0.01, running=1, waiting=0, kv_blocks_used=1, kv_blocks_free=1, batch_tokens=1, generated_tokens=1)
+    m.on_engine_output(SimpleNamespace(num_batched_tokens=1, tokens=[object()], completed=[], failed=[]),
+                       fake_engine(running=1))
     port = start_metrics_server("127.0.0.1", 0, m.registry)
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    reply = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    body = reply.read().decode()
+    assert reply.headers["Content-Type"].startswith("text/plain")
     assert "mstar_generation_steps_total 1.0" in body
-    assert body == generate_latest(m.registry).decode() or "mstar_generation_step_seconds_bucket" in body
+    assert 'mstar_generation_step_batch_tokens_bucket{le="1.0"} 1.0' in body
+    assert body == generate_latest(m.registry).decode()  # the whole registry, nothing else
 
 
 def fake_engine(running=0, preemptions=0, q=0, h=0):
@@ -172,7 +180,7 @@ def test_observe_wraps_a_request_event_stream():
 
     async def consume(m, evs, stop_after=None):
         seen = []
-        gen = m.observe(events(*evs), "r", rpc="Session")
+        gen = m.observe(events(*evs), "r", surface="Session")
         async for e in gen:
             seen.append(e)
             if stop_after and len(seen) == stop_after:
@@ -184,12 +192,12 @@ def test_observe_wraps_a_request_event_stream():
     assert asyncio.run(consume(m, [chunk, SimpleNamespace(token_ids=(7,), text="c"), done]))[-1] is done
     asyncio.run(consume(m, [chunk, failed]))
     asyncio.run(consume(m, [chunk, chunk, done], stop_after=1))
-    assert value(m, "mstar_preprocess_requests_total", {"rpc": "Session", "finish_reason": "length", "status": "OK"}) == 1
+    assert value(m, "mstar_preprocess_requests_total", {"surface": "Session", "finish_reason": "length", "status": "OK"}) == 1
     assert value(m, "mstar_preprocess_requests_total",
-                 {"rpc": "Session", "finish_reason": "error", "status": "UNAVAILABLE"}) == 1
+                 {"surface": "Session", "finish_reason": "error", "status": "UNAVAILABLE"}) == 1
     assert value(m, "mstar_preprocess_requests_total",
-                 {"rpc": "Session", "finish_reason": "cancelled", "status": "CANCELLED"}) == 1
-    assert value(m, "mstar_preprocess_requests_in_flight", {"rpc": "Session"}) == 0
+                 {"surface": "Session", "finish_reason": "cancelled", "status": "CANCELLED"}) == 1
+    assert value(m, "mstar_preprocess_requests_in_flight", {"surface": "Session"}) == 0
     assert value(m, "mstar_preprocess_itl_seconds_count") == 1  # only the first request had two chunks
     assert value(m, "mstar_preprocess_completion_tokens_total") == 3 + 2 + 2
 
@@ -204,13 +212,13 @@ def test_observe_records_the_terminal_event_before_handing_it_on():
         yield done
 
     async def unary():  # returns on the terminal event and never resumes the generator
-        gen = m.observe(events(), "u", rpc="Generate")
+        gen = m.observe(events(), "u", surface="Generate")
         async for e in gen:
             assert value(m, "mstar_preprocess_requests_total",
-                         {"rpc": "Generate", "finish_reason": "stop", "status": "OK"}) == 1
-            assert value(m, "mstar_preprocess_requests_in_flight", {"rpc": "Generate"}) == 0
+                         {"surface": "Generate", "finish_reason": "stop", "status": "OK"}) == 1
+            assert value(m, "mstar_preprocess_requests_in_flight", {"surface": "Generate"}) == 0
             return e
 
     assert asyncio.run(unary()) is done
     assert value(m, "mstar_preprocess_requests_total",
-                 {"rpc": "Generate", "finish_reason": "cancelled", "status": "CANCELLED"}) is None
+                 {"surface": "Generate", "finish_reason": "cancelled", "status": "CANCELLED"}) is None

@@ -187,6 +187,18 @@ def test_lua_error_types_match_python():
     assert table == render.ERROR_TYPES
 
 
-@pytest.mark.parametrize(("value", "name"), [(1, "stop"), (2, "length"), (0, "stop")])
-def test_finish_reasons(value, name):
-    assert render.finish_reason(value) == name
+@pytest.mark.parametrize(("value", "name"), [(1, "stop"), (2, "length"), (3, "stop"), (4, "stop"), (0, "stop")])
+def test_finish_reasons_are_openai_values(value, name):
+    # FINISH_REASON_CANCELLED used to render as "abort", which OpenAI clients do not know.
+    assert render.finish_reason(value) == name and name in render.OPENAI_FINISH_REASONS
+
+
+def test_logprob_bytes_of_a_partial_utf8_token_are_its_own_bytes():
+    # "€" is E2 82 AC; a byte-fallback token holding only E2 82 shows as U+FFFD but its bytes are real.
+    pieces = {5: b"\xe2\x82", 6: b"\xac", 7: b"ok"}
+    entries = [render.TokenLogprob(5, -0.1, [(5, -0.1), (7, -2.0)]), render.TokenLogprob(6, -0.2, [])]
+    out = render.chat_logprobs(entries, lambda t: pieces[t].decode("utf-8", "replace"), pieces.__getitem__)
+    content = out["content"]
+    assert content[0]["token"] == "\ufffd" and content[0]["bytes"] == [0xE2, 0x82]
+    assert bytes(content[0]["bytes"] + content[1]["bytes"]).decode() == "€"
+    assert content[0]["top_logprobs"][1]["bytes"] == list(b"ok")
