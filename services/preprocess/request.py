@@ -143,8 +143,12 @@ class Complete:
 
 @dataclass(frozen=True)
 class Failed:
+    """Terminal for `request_id`; with an empty request_id, a refused Session action that ended
+    nothing (see RequestFailed in protos/mstar/v1/messages.proto)."""
+
     request_id: str
     error: MstarError
+    client_request_id: str = ""
 
 
 Event = Accepted | KeepAlive | Chunk | Profile | Complete | Failed

@@ -122,6 +122,11 @@ class RequestRun:
             return None
         return (self._input_closed or time.monotonic()) - self._opened
 
+    @property
+    def ended(self) -> bool:
+        """True once the request's terminal event is decided (queued or already delivered)."""
+        return self.finished or (self._backend is not None and self._backend.ended)
+
     def start(self) -> Accepted:
         d, s = self._deps, self.spec
         self._budget.charge(s.upload_bytes, is_append=False)
@@ -150,7 +155,9 @@ class RequestRun:
         )
 
     def append(self, spec: AppendSpec) -> None:
-        """More input; raises FAILED_PRECONDITION once the input ended (or the request did)."""
+        """More input. Raises FAILED_PRECONDITION, leaving the request untouched, once the input
+        ended (or the request did); any later error also fails the request (`ended` turns True:
+        part of the input may already be committed)."""
         if self.finished:
             raise failed_precondition(f"request {self.request_id} has finished", "REQUEST_FINISHED")
         if self.input_done:

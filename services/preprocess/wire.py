@@ -9,7 +9,7 @@ from google.protobuf import timestamp_pb2
 from mstar.v1 import inference_service_pb2 as api
 from mstar.v1 import messages_pb2 as pb
 
-from services.common.errors import MstarError, invalid_argument
+from services.common.errors import invalid_argument
 from services.preprocess.chat_template import ChatMessage
 from services.preprocess.request import (
     TEXT,
@@ -75,6 +75,22 @@ def sampling_pb(s: Sampling) -> pb.SamplingParams:
         if value is not None:
             setattr(params, name, value)
     return params
+
+
+def min_prompt_tokens(parts, max_token_bytes: int, *texts: str) -> int:
+    """A lower bound on the tokens `texts` and prompt/append `parts` become, in O(number of
+    parts): a token spans at most max_token_bytes bytes, and a str has at most as many
+    characters as UTF-8 bytes. Lets a prompt that cannot fit be refused before any per-element
+    work (template, tokenizer, validation of each token id)."""
+    chars = sum(len(t) for t in texts)
+    ids = 0
+    for p in parts:
+        source = p.WhichOneof("source")
+        if source == "token_ids":
+            ids += len(p.token_ids.ids)
+        elif source in ("text", "data"):
+            chars += len(getattr(p, source))
+    return ids + chars // max_token_bytes
 
 
 def request_spec(msg: pb.PreprocessInput) -> RequestSpec:
@@ -210,13 +226,15 @@ def complete(e: Complete) -> pb.RequestComplete:
     return done
 
 
-def failed(request_id: str, err: MstarError) -> pb.RequestFailed:
+def failed(e: Failed) -> pb.RequestFailed:
+    err = e.error
     return pb.RequestFailed(
-        request_id=request_id,
+        request_id=e.request_id,
         message=err.message,
         code=int(err.code),
         http_status=err.http_status,
         reason=err.reason,
+        client_request_id=e.client_request_id,
     )
 
 
@@ -241,5 +259,5 @@ def _event_fields(e) -> dict:
     if isinstance(e, Complete):
         return {"complete": complete(e)}
     if isinstance(e, Failed):
-        return {"failed": failed(e.request_id, e.error)}
+        return {"failed": failed(e)}
     raise TypeError(f"not a request event: {e!r}")

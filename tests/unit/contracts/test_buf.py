@@ -31,6 +31,7 @@ def test_make_proto_fails_loudly_on_a_broken_proto(tmp_path):
     for name in ["Makefile", "buf.yaml", "requirements.txt", "requirements-dev.txt"]:
         shutil.copy(ROOT / name, tmp_path / name)
     shutil.copytree(ROOT / "protos", tmp_path / "protos")
+    shutil.copytree(ROOT / "third_party", tmp_path / "third_party")
     (tmp_path / "build").mkdir()
     shutil.copytree(ROOT / "build" / "googleapis", tmp_path / "build" / "googleapis")
     broken = tmp_path / "protos" / "mstar" / "v1" / "messages.proto"
