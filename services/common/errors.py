@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import re
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
@@ -81,6 +82,15 @@ def quote(value: object, limit: int = QUOTE_CHARS) -> str:
     text = value if isinstance(value, str) else repr(value)
     shown = repr(text[:limit])
     return shown if len(text) <= limit else f"{shown}... ({len(text)} characters)"
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\-\[\]]{1,64}")
+
+
+def field_name(key: str) -> str:
+    """A client-chosen key (JSON field, Struct key) as a field path element: as is when it is a
+    short plain name, else quoted (short, escaped)."""
+    return key if _PLAIN_NAME.fullmatch(key) else quote(key, 32)
 
 
 def bounded(text: str, limit: int) -> str:
