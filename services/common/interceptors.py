@@ -28,6 +28,7 @@ from typing import Any
 import grpc
 
 from services.common import errors, request_id
+from services.common.logs import stamp_request_ids
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("mstar.access")
@@ -36,6 +37,9 @@ _SERVICE_PREFIX = "/mstar."
 
 
 class ServerInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self) -> None:
+        stamp_request_ids()
+
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None or not handler_call_details.method.startswith(_SERVICE_PREFIX):

@@ -28,9 +28,6 @@ class JsonFormatter(logging.Formatter):
             "msg": _capped(record.getMessage()),
             **tracing.log_fields(),
         }
-        rid = request_id.current.get()
-        if rid is not None:
-            entry["x_request_id"] = rid
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
                 entry[key] = _capped(value)
@@ -45,7 +42,29 @@ def _capped(value: object) -> object:
     return value
 
 
+_factory_installed = False
+
+
+def stamp_request_ids() -> None:
+    """Give every log record created while an RPC is served its `x_request_id` (idempotent)."""
+    global _factory_installed
+    if _factory_installed:
+        return
+    _factory_installed = True
+    previous = logging.getLogRecordFactory()
+
+    def factory(*args, **kwargs) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        rid = request_id.current.get()
+        if rid is not None:
+            record.x_request_id = rid
+        return record
+
+    logging.setLogRecordFactory(factory)
+
+
 def setup_logging(service: str, level: str = "INFO") -> None:
+    stamp_request_ids()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
