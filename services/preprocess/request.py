@@ -139,6 +139,11 @@ class Complete:
     timings_ms: dict[str, float] = field(default_factory=dict)
     conductor_times: dict[str, float] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    # Where the request's time went, per stage of its path (RequestComplete.node_timings).
+    node_timings_ms: dict[str, float] = field(default_factory=dict)
+    # What reached the service for it: its PreprocessInput and ClientAppends.
+    rx_messages: int = 0
+    rx_bytes: int = 0
 
 
 @dataclass(frozen=True)

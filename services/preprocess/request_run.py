@@ -236,6 +236,7 @@ class RequestRun:
         detok = Detokenizer(tok.token_bytes)
         stops = StopMatcher(self.spec.sampling.stop, self.spec.sampling.include_stop)
         chunks, completion, sent_profile = 0, 0, False
+        postprocess_s = 0.0  # detokenizing and stop matching, summed over the request
         token_ids: list[int] = []
         logprobs: list = []
         queue = self._backend.queue
@@ -255,6 +256,7 @@ class RequestRun:
             while not queue.empty():  # coalesce whatever piled up into one chunk
                 batch.append(queue.get_nowait())
             text, stop, terminal = "", None, None
+            started = time.perf_counter()
             for i, event in enumerate(batch):
                 if isinstance(event, TokenStep):
                     completion += 1
@@ -265,7 +267,9 @@ class RequestRun:
                     text += result.text
                     if result.stop is not None:
                         stop = result.stop
+                        waited = time.perf_counter()
                         terminal = await self._end_on_stop_string(batch[i + 1:], queue)
+                        started += time.perf_counter() - waited  # the engine's reply is not postprocessing
                         break
                 elif isinstance(event, Heartbeat):
                     continue
@@ -277,6 +281,7 @@ class RequestRun:
                 text += result.text
                 stop = result.stop
                 text += stops.finish()
+            postprocess_s += time.perf_counter() - started
             if text:
                 yield Chunk(rid, chunks, text, tuple(token_ids), tuple(logprobs))
                 chunks += 1
@@ -306,6 +311,9 @@ class RequestRun:
                 timings_ms=backend.timings_ms,
                 conductor_times=backend.conductor_times,
                 warnings=self._warnings,
+                node_timings_ms=self._node_timings_ms(backend, postprocess_s),
+                rx_messages=len(self._uploads),
+                rx_bytes=sum(self._uploads),
             )
             return
 
@@ -329,6 +337,18 @@ class RequestRun:
                 return replace(event, finish_reason="stop")
             if isinstance(event, BackendFailed):
                 return BackendFinished("stop")
+
+    def _node_timings_ms(self, backend: BackendFinished, postprocess_s: float) -> dict[str, float]:
+        """The request's path through the services: preprocessing (validation, template,
+        tokenization, until the input was complete), generation (the conductor's arrival to
+        finish) and postprocessing (detokenizing and stop matching)."""
+        out = {}
+        if self._preprocess_finish is not None:
+            out["preprocess"] = max(0.0, (self._preprocess_finish - self._dequeue_time) * 1000)
+        if "e2e_ms" in backend.timings_ms:
+            out["generation"] = backend.timings_ms["e2e_ms"]
+        out["postprocess"] = postprocess_s * 1000
+        return out
 
     def _profile(self) -> Profile:
         return Profile(

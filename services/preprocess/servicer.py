@@ -174,9 +174,10 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
             except MstarError as err:
                 await errors.abort(context, err)  # before any message: a real status
                 return
-            yield wire.stream_event(accepted)
+            sent = wire.Sent()
+            yield wire.stream_event(accepted, sent)
             async for event in self.metrics.observe(run.events(), run.request_id, surface):
-                yield wire.stream_event(event)
+                yield wire.stream_event(event, sent)
         finally:
             for run in started:
                 self._end(run)
@@ -209,11 +210,15 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
                 await outbox.put(errors.unexpected(exc, "InferenceService.Session reader", log))
 
         reader = asyncio.create_task(read())
+        sent: dict[str, wire.Sent] = {}  # per running request id
         try:
             while (item := await outbox.get()) is not None:
                 if isinstance(item, MstarError):
                     await errors.abort(context, item)
-                yield wire.session_event(item)
+                counter = sent.setdefault(item.request_id, wire.Sent()) if item.request_id else None
+                yield wire.session_event(item, counter)
+                if isinstance(item, Complete | Failed):
+                    sent.pop(item.request_id, None)
             await reader
         finally:
             reader.cancel()

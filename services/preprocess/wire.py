@@ -206,7 +206,8 @@ def profile(e: Profile) -> pb.DataWorkerProfile:
     )
 
 
-def complete(e: Complete) -> pb.RequestComplete:
+def complete(e: Complete, tx: pb.TransferInfo | None = None) -> pb.RequestComplete:
+    """The terminal event; `tx` counts what was sent to the client for the request before it."""
     done = pb.RequestComplete(
         request_id=e.request_id,
         output_chunk_counts=[pb.ModalityCount(modality=pb.MODALITY_TEXT, chunks=e.chunks)],
@@ -220,6 +221,9 @@ def complete(e: Complete) -> pb.RequestComplete:
         finish_reason=FINISH_ENUMS[e.finish_reason],
         stop_reason=e.stop_reason,
         warnings=e.warnings,
+        node_timings=[pb.NodeTiming(node=node, duration_ms=ms) for node, ms in e.node_timings_ms.items()],
+        rx=pb.TransferInfo(messages=e.rx_messages, bytes=e.rx_bytes),
+        tx=tx or pb.TransferInfo(),
     )
     for name, seconds in e.conductor_times.items():
         getattr(done, name).CopyFrom(_timestamp(seconds))
@@ -238,16 +242,35 @@ def failed(e: Failed) -> pb.RequestFailed:
     )
 
 
-def stream_event(e) -> api.GenerateStreamResponse:
-    """A request event as a GenerateStream message (Session uses the same oneof names)."""
-    return api.GenerateStreamResponse(**_event_fields(e))
+class Sent:
+    """What went to the client for one request so far (RequestComplete.tx)."""
+
+    def __init__(self) -> None:
+        self.messages = 0
+        self.bytes = 0
+
+    def count(self, msg):
+        self.messages += 1
+        self.bytes += msg.ByteSize()
+        return msg
+
+    def info(self) -> pb.TransferInfo:
+        return pb.TransferInfo(messages=self.messages, bytes=self.bytes)
 
 
-def session_event(e) -> api.SessionResponse:
-    return api.SessionResponse(**_event_fields(e))
+def stream_event(e, sent: Sent | None = None) -> api.GenerateStreamResponse:
+    """A request event as a GenerateStream message (Session uses the same oneof names), counted
+    in `sent` (whose totals the terminal RequestComplete reports)."""
+    msg = api.GenerateStreamResponse(**_event_fields(e, sent))
+    return sent.count(msg) if sent is not None else msg
 
 
-def _event_fields(e) -> dict:
+def session_event(e, sent: Sent | None = None) -> api.SessionResponse:
+    msg = api.SessionResponse(**_event_fields(e, sent))
+    return sent.count(msg) if sent is not None else msg
+
+
+def _event_fields(e, sent: Sent | None = None) -> dict:
     if isinstance(e, Accepted):
         return {"accepted": accepted(e)}
     if isinstance(e, Chunk):
@@ -257,7 +280,7 @@ def _event_fields(e) -> dict:
     if isinstance(e, Profile):
         return {"profile": profile(e)}
     if isinstance(e, Complete):
-        return {"complete": complete(e)}
+        return {"complete": complete(e, sent.info() if sent is not None else None)}
     if isinstance(e, Failed):
         return {"failed": failed(e)}
     raise TypeError(f"not a request event: {e!r}")

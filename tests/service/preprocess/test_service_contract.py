@@ -295,3 +295,14 @@ def test_a_bad_append_ends_its_running_request_exactly_once(fake_stack):
     assert _terminal_counts(events) == {"open-1": 1}
     assert events[-1].failed.request_id == "open-1"
     assert events[-1].failed.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+
+
+def test_a_stream_s_complete_reports_its_path_and_its_transfers(fake_stack):
+    # RequestComplete.node_timings / rx / tx: produced, not left for clients to find empty.
+    inp = _input(sampling={"max_tokens": 5})
+    events = list(fake_stack.stub.GenerateStream(api.GenerateStreamRequest(input=inp), timeout=10))
+    done = events[-1].complete
+    assert [n.node for n in done.node_timings] == ["preprocess", "generation", "postprocess"]
+    assert all(n.duration_ms >= 0 for n in done.node_timings)
+    assert done.rx.messages == 1 and done.rx.bytes == inp.ByteSize()
+    assert done.tx.messages == len(events) - 1 and done.tx.bytes == sum(e.ByteSize() for e in events[:-1])
