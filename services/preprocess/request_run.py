@@ -65,7 +65,8 @@ class Deps:
 
 @dataclass
 class InputBudget:
-    """Per-stream input caps (shared by all requests of a Session)."""
+    """Per-stream input caps (shared by all requests of a Session). The servicer charges every
+    message as it arrives, refused ones included, before any other work on it."""
 
     limits: Limits
     bytes_used: int = 0
@@ -129,7 +130,6 @@ class RequestRun:
 
     def start(self) -> Accepted:
         d, s = self._deps, self.spec
-        self._budget.charge(s.upload_bytes, is_append=False)
         caps.validate_sampling(s.sampling, d.limits, d.model.tokenizer.vocab_size)
         caps.validate_extra(s.extra_keys)
         ids = self._prompt.start(s)
@@ -154,10 +154,11 @@ class RequestRun:
             self.request_id, s.client_request_id, self.prompt_tokens, self._max_tokens, self._warnings
         )
 
-    def append(self, spec: AppendSpec) -> None:
+    def append(self, spec: AppendSpec, charged: bool = False) -> None:
         """More input. Raises FAILED_PRECONDITION, leaving the request untouched, once the input
         ended (or the request did); any later error also fails the request (`ended` turns True:
-        part of the input may already be committed)."""
+        part of the input may already be committed). `charged`: the caller already counted the
+        message against the stream's InputBudget (a Session counts every message on arrival)."""
         if self.finished:
             raise failed_precondition(f"request {self.request_id} has finished", "REQUEST_FINISHED")
         if self.input_done:
@@ -166,7 +167,8 @@ class RequestRun:
         self._last_input = time.monotonic()
         before = self.prompt_tokens
         try:
-            self._budget.charge(spec.upload_bytes, is_append=True)
+            if not charged:
+                self._budget.charge(spec.upload_bytes, is_append=True)
             ids = self._prompt.append(spec.parts, spec.ends)
             self._check_fits("append.chunks")
         except MstarError as err:

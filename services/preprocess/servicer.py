@@ -119,6 +119,8 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         started: list[RequestRun] = []
         self._watch(context, started)
         try:
+            budget = InputBudget(self._deps.limits)
+            budget.charge(request.ByteSize(), is_append=False)
             self._check(request, request.input, "input")
             spec = wire.request_spec(request.input)
             if spec.open_inputs and not request.input.request_id:
@@ -128,7 +130,7 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
                 raise errors.invalid_argument(
                     "input.request_id", "streamed input (input_modalities) on Generate needs a client-chosen "
                     "request_id to Append to; or use GenerateStream / Session")
-            run, _ = self._begin(spec, InputBudget(self._deps.limits), client.of_context(context))
+            run, _ = self._begin(spec, budget, client.of_context(context))
             started.append(run)
             text, token_ids, logprobs = [], [], []
             async for event in self.metrics.observe(run.events(), run.request_id, "Generate"):
@@ -167,9 +169,11 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         self._watch(context, started)
         try:
             try:
+                budget = InputBudget(self._deps.limits)
+                budget.charge(inp.ByteSize(), is_append=False)
                 self._check(inp, inp, "input", prefix="input")
                 spec = wire.request_spec(inp)
-                run, accepted = self._begin(spec, InputBudget(self._deps.limits), client.of_context(context))
+                run, accepted = self._begin(spec, budget, client.of_context(context))
                 started.append(run)
             except MstarError as err:
                 await errors.abort(context, err)  # before any message: a real status
@@ -229,6 +233,9 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
 
     async def _session_action(self, message, budget, client_key, started, pumps, pump, outbox) -> None:
         action = message.WhichOneof("action")
+        # Every message counts against the session's input caps as it arrives, refused ones
+        # included: an INPUT_LIMIT error here ends the session.
+        budget.charge(message.ByteSize(), is_append=action == "append")
         if action == "start":
             start = message.start
             try:
@@ -236,8 +243,6 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
                 spec = wire.request_spec(start)
                 run, accepted = self._begin(spec, budget, client_key)
             except MstarError as err:
-                if err.reason == "INPUT_LIMIT":
-                    raise
                 # Per-request errors never end the session. Attributed to the chosen id only if
                 # it is a valid id no request is running under; the client's own id is echoed.
                 rid = start.request_id if self._is_free_id(start.request_id) else ""
@@ -252,10 +257,8 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         elif action == "append":
             try:
                 self._check(message, message.append, "append")
-                self._append(wire.append_spec(message.append))
+                self._append(wire.append_spec(message.append), charged=True)
             except MstarError as err:
-                if err.reason == "INPUT_LIMIT":
-                    raise
                 run = self._runs.get(message.append.request_id)
                 if run is None or not run.ended:
                     await outbox.put(Failed("", err))  # refused; the request (if any) is unaffected
@@ -274,11 +277,11 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         return (0 < len(request_id) <= _ID.max_len and re.fullmatch(_ID.pattern, request_id) is not None
                 and request_id not in self._runs)
 
-    def _append(self, spec) -> RequestRun:
+    def _append(self, spec, charged: bool = False) -> RequestRun:
         run = self._runs.get(spec.request_id)
         if run is None:
             raise not_found(f"request {quote(spec.request_id)} is not running", reason="REQUEST_NOT_FOUND")
-        run.append(spec)
+        run.append(spec, charged)
         return run
 
     async def Append(self, request: api.AppendRequest, context) -> api.AppendResponse:
