@@ -103,6 +103,11 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
     decode = _decoder(handler.request_deserializer)
 
     async def abort(call: _Call, exc: BaseException) -> None:
+        if _call_is_over(exc):
+            # grpc's own state error (e.g. the servicer's abort after the deadline passed): there
+            # is no status left to send, and a second abort would only raise "Abort already called".
+            call.code = errors.Code.CANCELLED
+            raise exc
         err = call.failed(exc)
         call.code = err.code
         await errors.abort(call.context, err)
@@ -165,6 +170,12 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
     if handler.stream_stream is not None:
         return grpc.stream_stream_rpc_method_handler(stream_stream, None, serializer)
     return grpc.stream_unary_rpc_method_handler(stream_unary, None, serializer)
+
+
+def _call_is_over(exc: BaseException) -> bool:
+    """An error grpc raised about the call itself (ExecuteBatchError, UsageError, ...): the RPC has
+    ended (cancelled, deadline passed) while the servicer still worked on it."""
+    return type(exc).__module__ == "grpc._cython.cygrpc"
 
 
 async def _decoded(raw_iterator, decode: Callable[[bytes], Any]) -> AsyncIterator[Any]:
