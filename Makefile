@@ -12,7 +12,9 @@ PIP := $(PY) -m pip
 BUF := $(VENV)/bin/buf
 GEN := gen
 GOOGLEAPIS := build/googleapis
-PROTOS := $(wildcard protos/mstar/v1/*.proto)
+# protovalidate's rule annotations, vendored (third_party/protovalidate/README.md).
+PROTOVALIDATE := third_party/protovalidate
+PROTOS := $(wildcard protos/mstar/v1/*.proto protos/mstar/generation/v1/*.proto)
 DESCRIPTOR := $(GEN)/descriptor.pb
 STAMP_SETUP := $(VENV)/.setup-stamp
 STAMP_PROTO := $(GEN)/.proto-stamp
@@ -60,15 +62,16 @@ $(GOOGLEAPIS)/.stamp: $(STAMP_SETUP)
 	  for d in api rpc; do mkdir -p $(GOOGLEAPIS)/google/$$d; cp $$src/google/$$d/*.proto $(GOOGLEAPIS)/google/$$d/; done
 	touch $@
 
-$(STAMP_PROTO): $(PROTOS) $(GOOGLEAPIS)/.stamp
+$(STAMP_PROTO): $(PROTOS) $(PROTOVALIDATE)/buf/validate/validate.proto $(GOOGLEAPIS)/.stamp
 	rm -rf $(GEN) && mkdir -p $(GEN)
 	wkt=$$($(PY) -c 'import grpc_tools, os; print(os.path.join(os.path.dirname(grpc_tools.__file__), "_proto"))'); \
-	$(PY) -m grpc_tools.protoc -I protos -I $(GOOGLEAPIS) -I $$wkt \
-	  --python_out=$(GEN) --pyi_out=$(GEN) --grpc_python_out=$(GEN) $(PROTOS); \
-	$(PY) -m grpc_tools.protoc -I protos -I $(GOOGLEAPIS) -I $$wkt \
+	$(PY) -m grpc_tools.protoc -I protos -I $(PROTOVALIDATE) -I $(GOOGLEAPIS) -I $$wkt \
+	  --python_out=$(GEN) --pyi_out=$(GEN) --grpc_python_out=$(GEN) $(PROTOS) buf/validate/validate.proto; \
+	$(PY) -m grpc_tools.protoc -I protos -I $(PROTOVALIDATE) -I $(GOOGLEAPIS) -I $$wkt \
 	  --include_imports --include_source_info --descriptor_set_out=$(DESCRIPTOR) \
 	  $(PROTOS) google/rpc/status.proto google/rpc/error_details.proto
-	touch $(GEN)/mstar/__init__.py $(GEN)/mstar/v1/__init__.py
+	touch $(GEN)/mstar/__init__.py $(GEN)/mstar/v1/__init__.py $(GEN)/mstar/generation/__init__.py \
+	  $(GEN)/mstar/generation/v1/__init__.py $(GEN)/buf/__init__.py $(GEN)/buf/validate/__init__.py
 	# Put the repo root and gen/ on the venv's sys.path (services, kernels, mstar.v1 importable).
 	site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	  printf '%s\n%s\n' "$(CURDIR)" "$(CURDIR)/$(GEN)" > $$site/mstar-local.pth
@@ -77,18 +80,20 @@ $(STAMP_PROTO): $(PROTOS) $(GOOGLEAPIS)/.stamp
 # ---------------------------------------------------------------- quality
 .PHONY: lint
 lint: $(STAMP_PROTO) ## ruff + buf lint + buf format check
-	$(VENV)/bin/ruff check services kernels tests bench
+	$(VENV)/bin/ruff check services kernels tests bench protos deploy
 	$(BUF) lint
 	$(BUF) format --diff --exit-code protos
 
 .PHONY: breaking
-breaking: $(STAMP_PROTO) ## buf breaking (FILE) against the committed main branch
-	@if ! git rev-parse --verify -q main >/dev/null; then echo "breaking: no main to compare"; exit 0; fi
-	# The against-image needs googleapis too, which is not committed: build it from a checkout.
-	rm -rf build/against && mkdir -p build/against
-	git archive main buf.yaml protos | tar -x -C build/against
-	mkdir -p build/against/build && cp -r $(GOOGLEAPIS) build/against/build/
-	$(BUF) breaking --against build/against
+BREAKING_AGAINST ?= main
+breaking: $(STAMP_PROTO) ## buf breaking (FILE) per package against main; deliberate breaks in protos/breaking_allowed.txt
+	@if ! git rev-parse --verify -q $(BREAKING_AGAINST) >/dev/null; then echo "breaking: no $(BREAKING_AGAINST) to compare"; exit 0; fi
+	# The base revision's protos inside today's workspace layout (same modules; googleapis and the
+	# vendored protovalidate are not committed or not compared, so they come from this checkout).
+	rm -rf build/against && mkdir -p build/against/build
+	git archive $(BREAKING_AGAINST) protos | tar -x -C build/against
+	cp buf.yaml build/against/ && cp -r third_party build/against/ && cp -r $(GOOGLEAPIS) build/against/build/
+	$(PY) protos/check_breaking.py build/against
 
 # ---------------------------------------------------------------- tests
 .PHONY: test

@@ -28,8 +28,8 @@ from pathlib import Path
 import grpc
 import httpx
 import psutil
-from mstar.v1 import generation_service_pb2 as gen_pb2
-from mstar.v1 import generation_service_pb2_grpc as gen_grpc
+from mstar.generation.v1 import generation_service_pb2 as gen_pb2
+from mstar.generation.v1 import generation_service_pb2_grpc as gen_grpc
 from mstar.v1 import inference_service_pb2 as api
 from mstar.v1 import inference_service_pb2_grpc as api_grpc
 from mstar.v1 import messages_pb2 as pb
@@ -69,8 +69,8 @@ async def conductor_status(target: str) -> dict[str, float]:
         call = gen_grpc.GenerationServiceStub(channel).Stream(
             hold_open(), metadata=(("mstar-status-interval-ms", "50"),), timeout=5)
         async for response in call:
-            for env in response.envelopes:
-                if env.WhichOneof("payload") == "conductor_status":
+            for env in response.frames:
+                if env.WhichOneof("frame") == "conductor_status":
                     call.cancel()
                     return {m.name: m.value for m in env.conductor_status.metrics}
     raise RuntimeError("no ConductorStatus")

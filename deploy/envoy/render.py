@@ -21,6 +21,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 TEMPLATE = HERE / "envoy.yaml.tmpl"
 LUA = HERE / "openai_errors.lua"
+HYGIENE_LUA = HERE / "request_hygiene.lua"
 DEFAULT_DESCRIPTOR = ROOT / "gen" / "descriptor.pb"
 
 
@@ -40,7 +41,10 @@ class EnvoySettings:
     max_stream_duration: str = "1800s"
     unary_timeout: str = "30s"
     health_check_interval: str = "1s"
-    max_request_headers_kb: int = 64
+    max_request_headers_kb: int = 64  # enforced per request (431) by request_hygiene.lua
+    # The codec's own limit, above the policy one: over HTTP/2 a header field past it is an HPACK
+    # error that closes the client's whole connection (every stream on it), not just one request.
+    codec_max_request_headers_kb: int = 128
     max_request_body_bytes: int = 4 * 1024 * 1024
     max_response_body_bytes: int = 64 * 1024 * 1024
     # Optional edge security, OFF by default (docs/reliability.md, R26/R27). api_keys: accepted as
@@ -99,9 +103,18 @@ def _status_is(op: str, status: int) -> dict:
 
 
 def local_reply_config() -> dict:
-    """JSON for every local reply: GET /health gets {"status": ...}, errors the google.rpc.Status shape."""
+    """JSON for every local reply: GET /health gets {"status": ...}, errors the google.rpc.Status
+    shape; a gRPC request's reply keeps its message as plain text (it becomes grpc-message)."""
     health = {"header_filter": {"header": {"name": ":path", "string_match": {"exact": "/health"}}}}
+    # A gRPC client's request (the transcoder also turns HTTP/JSON requests into application/grpc,
+    # but marks them with x-envoy-original-path).
+    grpc = {"and_filter": {"filters": [
+        {"header_filter": {"header": {"name": "content-type", "string_match": {"prefix": "application/grpc"}}}},
+        {"header_filter": {"header": {"name": "x-envoy-original-path", "present_match": True,
+                                      "invert_match": True}}},
+    ]}}
     mappers: list[dict] = [
+        {"filter": grpc, "body_format_override": {"text_format_source": {"inline_string": "%LOCAL_REPLY_BODY%"}}},
         {"filter": {"and_filter": {"filters": [health, _status_is("LE", 299)]}},
          "body_format_override": {"json_format": {"status": "SERVING"}}},
         {"filter": health, "body_format_override": {"json_format": {"status": "NOT_SERVING"}}},
@@ -183,8 +196,30 @@ def tracing(settings: EnvoySettings) -> tuple[str, str]:
     return hcm_tracing, cluster
 
 
+def hygiene_lua(settings: EnvoySettings) -> str:
+    """request_hygiene.lua with its limits: the header cap and the request id bounds the contract
+    declares (ClientAppend.request_id: the characters of its pattern, at most max_len of them)."""
+    from mstar.v1 import messages_pb2
+
+    from services.common.contract import bounds
+
+    declared = bounds(messages_pb2.ClientAppend, "request_id")
+    charset = declared.pattern.removeprefix("^[").removesuffix("]*$")
+    lua_class = "".join(
+        c if c.isalnum() or (c == "-" and 0 < i < len(charset) - 1 and charset[i - 1].isalnum()
+                             and charset[i + 1].isalnum()) else "%" + c
+        for i, c in enumerate(charset))  # a Lua character class: escape all but letters, digits, ranges
+    head = (f"local MAX_HEADER_BYTES = {settings.max_request_headers_kb * 1024}\n"
+            f"local MAX_ID_CHARS = {declared.max_len}\n"
+            f'local ID_PATTERN = "^[{lua_class}]+$"\n')
+    return head + HYGIENE_LUA.read_text("utf-8")
+
+
 def render(settings: EnvoySettings) -> str:
+    if settings.codec_max_request_headers_kb < max(settings.max_request_headers_kb, 64):
+        raise ValueError("codec_max_request_headers_kb must be >= max_request_headers_kb and >= 64")
     values = {k: str(v) for k, v in asdict(settings).items()}
+    values["request_hygiene_lua"] = json.dumps(hygiene_lua(settings))
     values["security_filters"] = "".join(f"\n          - {json.dumps(f)}" for f in security_filters(settings))
     values["client_header_removal"] = "" if settings.api_keys else "\n              request_headers_to_remove: [x-mstar-client]"
     values["overload_manager"] = json.dumps(overload_manager(settings))

@@ -9,6 +9,9 @@ Envoy's transcoder uses, so `RequestFailed.http_status` matches what an HTTP cli
 from __future__ import annotations
 
 import enum
+import logging
+import re
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import grpc
@@ -63,10 +66,49 @@ HTTP_STATUS = {
 }
 
 
+# Caps on every string an error carries to a client (status message, trailer, RequestFailed, SSE
+# error event) or a log line. Errors quote client input only through `quote` (a short, escaped
+# prefix): an error that echoed a 1 MB id once made Envoy reset the shared upstream connection
+# and failed every other client's streams (issue 13, finding 10). 1024 = RequestFailed.message's
+# declared bound (protos/mstar/v1/messages.proto).
+MAX_MESSAGE_CHARS = 1024
+MAX_FIELD_CHARS = 256
+QUOTE_CHARS = 48
+
+
+def quote(value: object, limit: int = QUOTE_CHARS) -> str:
+    """A client-supplied value as it may appear in an error: repr-escaped (control characters,
+    quotes, lone surrogates), at most `limit` characters of it, and its full length if cut."""
+    text = value if isinstance(value, str) else repr(value)
+    shown = repr(text[:limit])
+    return shown if len(text) <= limit else f"{shown}... ({len(text)} characters)"
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\-\[\]]{1,64}")
+
+
+def field_name(key: str) -> str:
+    """A client-chosen key (JSON field, Struct key) as a field path element: as is when it is a
+    short plain name, else quoted (short, escaped)."""
+    return key if _PLAIN_NAME.fullmatch(key) else quote(key, 32)
+
+
+def bounded(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters and made encodable as UTF-8 (a lone surrogate would make
+    the status itself fail to serialize)."""
+    if len(text) > limit:
+        text = text[: limit - 15] + "... (truncated)"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 @dataclass
 class FieldViolation:
     field: str
     description: str
+
+    def __post_init__(self) -> None:
+        self.field = bounded(self.field, MAX_FIELD_CHARS)
+        self.description = bounded(self.description, MAX_FIELD_CHARS)
 
 
 @dataclass
@@ -81,6 +123,8 @@ class MstarError(Exception):
     metadata: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.message = bounded(self.message, MAX_MESSAGE_CHARS)
+        self.metadata = {bounded(k, 64): bounded(v, MAX_FIELD_CHARS) for k, v in self.metadata.items()}
         super().__init__(self.message)
 
     def __str__(self) -> str:
@@ -136,6 +180,20 @@ def internal(what: str, reason: str = "INTERNAL") -> MstarError:
     return MstarError(Code.INTERNAL, reason, what)
 
 
+def unexpected(exc: BaseException, where: str, logger: logging.Logger) -> MstarError:
+    """A bug surfaced as `exc`: log its stack here, hand the client INTERNAL without its text."""
+    logger.error("unexpected error in %s", where, exc_info=exc)
+    return internal(f"internal error in {where}; the server log has the details", "INTERNAL")
+
+
+def from_code(code: int) -> Code:
+    """A wire status code as a Code. An unset (0 = OK) or unknown code on a failure is INTERNAL:
+    a failure must never read as OK/HTTP 200 (issue 13, finding 7)."""
+    if code == Code.OK or code not in Code._value2member_map_:
+        return Code.INTERNAL
+    return Code(code)
+
+
 # ---- wire forms
 
 
@@ -164,6 +222,12 @@ def to_grpc_status(err: MstarError) -> grpc.Status:
     return rpc_status.to_status(to_rpc_status(err))
 
 
+# The code the current RPC was aborted with, for the access log (interceptors.py): reading it
+# back from the grpc context is not safe once the call is being torn down.
+aborted_with: ContextVar[Code | None] = ContextVar("aborted_with", default=None)
+
+
 async def abort(context: grpc.aio.ServicerContext, err: MstarError) -> None:
     """End an aio RPC with `err`. Raises (never returns), like context.abort."""
+    aborted_with.set(err.code)
     await context.abort_with_status(to_grpc_status(err))

@@ -18,7 +18,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -361,20 +361,20 @@ def conductor_metric_name(name: str) -> str:
 
 class ConductorCollector:
     """Keeps the latest ConductorStatus and renders it at scrape time. A custom collector because
-    snapshot names and labels are the engine's to choose: nothing here must be declared up front."""
+    snapshot names are the engine's to choose: nothing here must be declared up front."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._latest: list[tuple[str, bool, dict[str, str], float]] = []
+        self._latest: list[tuple[str, bool, float]] = []
         self._time = 0.0
 
     def update(self, status: Any) -> None:
-        from mstar.v1 import messages_pb2
+        from mstar.generation.v1 import generation_service_pb2
 
-        rows = []
-        for m in status.metrics:
-            counter = m.kind == messages_pb2.METRIC_KIND_COUNTER
-            rows.append((conductor_metric_name(m.name), counter, dict(m.labels), m.value))
+        rows = [
+            (conductor_metric_name(m.name), m.kind == generation_service_pb2.METRIC_KIND_COUNTER, m.value)
+            for m in status.metrics
+        ]
         stamp = status.time.seconds + status.time.nanos / 1e9 if status.HasField("time") else time.time()
         with self._lock:
             self._latest, self._time = rows, stamp
@@ -386,15 +386,11 @@ class ConductorCollector:
         with self._lock:
             rows, stamp = list(self._latest), self._time
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
-        label_names: dict[str, Sequence[str]] = {}
-        for name, counter, labels, value in rows:
+        for name, counter, value in rows:
             if name not in families:
                 cls = CounterMetricFamily if counter else GaugeMetricFamily
-                label_names[name] = sorted(labels)
-                families[name] = cls(name, "Pushed by the generation service in ConductorStatus.",
-                                     labels=label_names[name])
-            if sorted(labels) == list(label_names[name]):  # one label set per family, as Prometheus needs
-                families[name].add_metric([labels[k] for k in label_names[name]], value)
+                families[name] = cls(name, "Pushed by the generation service in ConductorStatus.")
+                families[name].add_metric([], value)
         if stamp:
             ts = GaugeMetricFamily("mstar_conductor_status_time_seconds",
                                    "Unix time of the latest ConductorStatus snapshot.", value=stamp)

@@ -26,6 +26,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.common.interceptors import ServerInterceptor
 from services.common.serving import LIVENESS, ServingState
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,8 @@ class GrpcServer:
         self.server = grpc.aio.server(
             options=channel_options(max_message_bytes)
             + [("grpc.so_reuseport", 0)],
-            interceptors=interceptors or [],
+            # Ours last: tracing/metrics interceptors passed in see the status it settles on.
+            interceptors=[*(interceptors or []), ServerInterceptor()],
         )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

@@ -16,7 +16,7 @@ import logging
 import os
 import time
 
-from mstar.v1 import generation_service_pb2_grpc as gen_grpc
+from mstar.generation.v1 import generation_service_pb2_grpc as gen_grpc
 
 from services.common import errors, tracing
 from services.common.logs import setup_logging
@@ -100,7 +100,7 @@ async def serve(args) -> bool:
                         interceptors=tracing.server_interceptors())
     state = server.state
     servicer = GenerationServicer(state, status_interval_ms=args.status_interval_ms)
-    server.add(gen_grpc.add_GenerationServiceServicer_to_server, servicer, "mstar.v1.GenerationService")
+    server.add(gen_grpc.add_GenerationServiceServicer_to_server, servicer, "mstar.generation.v1.GenerationService")
     port = await server.start()
     print(f"generation service listening on port {port}", flush=True)
     runner = install_from_env(await asyncio.to_thread(build_runner, args))  # MSTAR_FAULTS: tests only

@@ -265,6 +265,7 @@ class Engine:
             seq.num_computed_tokens += n
             self.block_manager.register_computed_blocks(seq)
             if not is_sampling:
+                out.prefilling.append(seq.key)
                 continue
             r, row = row, row + 1
             if not result.is_finite[r]:

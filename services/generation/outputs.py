@@ -53,8 +53,11 @@ class StepOutput:
     step: int
     num_batched_tokens: int = 0
     tokens: list[TokenEvent] = field(default_factory=list)
+    # Requests that only prefilled in this step (a chunk of a long or still-streaming prompt):
+    # no token yet, but progress (the servicer sends them a SIGNAL_HEARTBEAT frame).
+    prefilling: list[Hashable] = field(default_factory=list)
     completed: list[Completion] = field(default_factory=list)
     failed: list[Failure] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.tokens or self.completed or self.failed)
+        return bool(self.tokens or self.prefilling or self.completed or self.failed)

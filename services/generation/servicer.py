@@ -1,13 +1,19 @@
 """GenerationService.Stream: many requests multiplexed on one bidirectional stream per client.
 
 Each stream gets an id; engine keys are (stream id, request id), so two streams may use the same
-request id. A reader task applies the client's envelopes in order (engine calls only enqueue).
+request id. A reader task applies the client's frames in order (engine calls only enqueue).
 The engine thread reports each step once; ``_dispatch`` (on the event loop, via
 call_soon_threadsafe) splits it per stream into ONE StreamResponse holding that stream's
-ResultTokens rows followed by the same step's RequestComplete / RequestFailed envelopes. When a
-stream ends for any reason, every request still running on it is aborted (blocks freed within a
-step). A stream whose reader stops reading and lets ``max_queued_frames`` pile up is ended with
-RESOURCE_EXHAUSTED, so one stalled client cannot grow the server's memory.
+ResultTokens rows (and heartbeat rows for requests that only prefilled) followed by the same
+step's RequestComplete / RequestFailed frames. When a stream ends for any reason, every request
+still running on it is aborted (blocks freed within a step). A stream whose reader stops reading
+and lets ``max_queued_frames`` pile up is ended with RESOURCE_EXHAUSTED, so one stalled client
+cannot grow the server's memory.
+
+Every client frame is checked against the contract's declared bounds (services/common/contract.py)
+before anything else touches it. A frame that names a valid request id fails only that request;
+one that names none (or an out-of-bounds id, which must never be echoed) ends the stream with
+INVALID_ARGUMENT, as does an undecodable frame (the interceptor raises it from the iterator).
 
 New streams and new requests are refused with the process's ServingState refusal (UNAVAILABLE
 while starting, draining or failed). When the state turns FAILED (the engine crashed, or the
@@ -23,15 +29,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import re
 from dataclasses import dataclass, field
 
 import grpc
-from mstar.v1 import generation_service_pb2 as gen_pb2
-from mstar.v1 import generation_service_pb2_grpc as gen_grpc
+from mstar.generation.v1 import generation_service_pb2 as gen_pb2
+from mstar.generation.v1 import generation_service_pb2_grpc as gen_grpc
 from mstar.v1 import messages_pb2 as pb
 from opentelemetry.trace import Span, StatusCode
 
-from services.common import errors, tracing
+from services.common import contract, errors, tracing
 from services.common.serving import ServingState, State
 from services.generation import wire
 from services.generation.outputs import StepOutput
@@ -39,6 +46,10 @@ from services.generation.outputs import StepOutput
 log = logging.getLogger(__name__)
 
 STATUS_INTERVAL_KEY = "mstar-status-interval-ms"
+_MAX_FRAMES = contract.bounds(gen_pb2.StreamRequest, "frames").max_items
+_ID = contract.bounds(gen_pb2.Abort, "request_id")
+_ID_PATTERN = re.compile(_ID.pattern)
+_YIELD_EVERY = 64  # client frames applied between two yields to the event loop
 
 
 @dataclass
@@ -75,28 +86,33 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
         self._loop.call_soon_threadsafe(self._dispatch, out)
 
     def _dispatch(self, out: StepOutput) -> None:
-        per_stream: dict[int, tuple[list, list]] = {}
+        per_stream: dict[int, tuple[list, list, list]] = {}
         for row in out.tokens:
-            per_stream.setdefault(row.key[0], ([], []))[0].append(row)
+            per_stream.setdefault(row.key[0], ([], [], []))[0].append(row)
+        for key in out.prefilling:
+            per_stream.setdefault(key[0], ([], [], []))[1].append(key[1])
         for item in out.completed:
-            per_stream.setdefault(item.key[0], ([], []))[1].append((item.key[1], wire.request_complete, item))
+            per_stream.setdefault(item.key[0], ([], [], []))[2].append((item.key[1], wire.request_complete, item))
         for item in out.failed:
-            per_stream.setdefault(item.key[0], ([], []))[1].append((item.key[1], wire.failure, item))
-        for stream_id, (rows, ends) in per_stream.items():
+            per_stream.setdefault(item.key[0], ([], [], []))[2].append((item.key[1], wire.failure, item))
+        for stream_id, (rows, prefilling, ends) in per_stream.items():
             stream = self._streams.get(stream_id)
             if stream is None:
                 continue  # the stream is gone; its requests were aborted
             # Only requests the client still sees as running: one that was already ended here
             # (e.g. a malformed append) must not get a second terminal event.
             rows = [r for r in rows if r.key[1] in stream.active]
-            envelopes = [wire.result_tokens(out.step, rows, out.num_batched_tokens)] if rows else []
-            for request_id, to_envelope, item in ends:
+            prefilling = [request_id for request_id in prefilling if request_id in stream.active]
+            frames = [wire.result_tokens(out.step, rows, out.num_batched_tokens)] if rows else []
+            if prefilling:
+                frames.append(wire.heartbeat(out.step, prefilling, out.num_batched_tokens))
+            for request_id, to_frame, item in ends:
                 if request_id in stream.active:
                     stream.active.discard(request_id)
-                    envelopes.append(to_envelope(item))
+                    frames.append(to_frame(item))
                     _end_span(stream.spans.pop(request_id, None), item)
-            if envelopes:
-                self._put(stream, gen_pb2.StreamResponse(envelopes=envelopes))
+            if frames:
+                self._put(stream, gen_pb2.StreamResponse(frames=frames))
 
     def _put(self, stream: _Stream, item) -> None:
         if stream.queue.qsize() >= self.max_queued_frames:
@@ -113,7 +129,7 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
                 _end_span(span, None, error)
             stream.spans.clear()
             if ends:
-                self._put(stream, gen_pb2.StreamResponse(envelopes=ends))
+                self._put(stream, gen_pb2.StreamResponse(frames=ends))
 
     def shutdown(self, error: errors.MstarError) -> None:
         """End every open stream with error (after the drain grace period)."""
@@ -170,21 +186,41 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
     async def _read(self, stream: _Stream, request_iterator) -> None:
         try:
             async for request in request_iterator:
-                for envelope in request.envelopes:
-                    self._apply(stream, envelope)
+                if len(request.frames) > _MAX_FRAMES:
+                    raise contract.violations_error([errors.FieldViolation(
+                        "frames", f"must contain no more than {_MAX_FRAMES} item(s)")])
+                for i, frame in enumerate(request.frames):
+                    self._apply(stream, frame, f"frames[{i}]")
+                    if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+                        await asyncio.sleep(0)  # a big frame batch must not hold the loop
         except errors.MstarError as e:
             stream.queue.put_nowait(e)
+            return
         except (grpc.RpcError, asyncio.CancelledError):
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug must end the stream, never leave it hanging
+            stream.queue.put_nowait(errors.unexpected(exc, "GenerationService.Stream reader", log))
             return
         stream.is_half_closed = True
         stream.queue.put_nowait(None)  # wake the writer so it can end the stream
 
-    def _apply(self, stream: _Stream, envelope: pb.Envelope) -> None:
-        kind = envelope.WhichOneof("payload")
+    def _apply(self, stream: _Stream, frame: gen_pb2.ClientFrame, where: str) -> None:
+        kind = frame.WhichOneof("frame")
+        request_id = getattr(frame, kind).request_id if kind else ""
+        try:
+            contract.check(frame, prefix=where, cost=self._cost)
+        except errors.MstarError as err:
+            if not _is_valid_id(request_id):
+                raise  # nothing to attribute it to: the stream ends INVALID_ARGUMENT
+            if request_id in stream.active:
+                self._fail_locally(stream, request_id, err)
+            elif kind == "preprocess_input":
+                self._put(stream, _single(wire.request_failed(request_id, err)))
+            return  # an append/abort for no running request is a no-op, like a valid one
         if kind == "preprocess_input":
-            self._start(stream, envelope.preprocess_input)
+            self._start(stream, frame.preprocess_input)
         elif kind == "client_append":
-            msg = envelope.client_append
+            msg = frame.client_append
             if msg.request_id not in stream.active:
                 return  # finished or aborted meanwhile
             try:
@@ -193,24 +229,32 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
                 self._fail_locally(stream, msg.request_id, e)
                 return
             self.engine.append((stream.stream_id, msg.request_id), token_ids, input_done)
-        elif kind == "abort":
-            if envelope.abort.request_id in stream.active:
-                self.engine.abort((stream.stream_id, envelope.abort.request_id))
-        else:
-            raise errors.invalid_argument("envelopes", f"a client may not send {kind or 'an empty envelope'}")
+        elif frame.abort.request_id in stream.active:
+            self.engine.abort((stream.stream_id, frame.abort.request_id))
+
+    def _cost(self, frame: gen_pb2.ClientFrame) -> None:
+        """Before per-token work: a prompt or chunk longer than the context cannot be served."""
+        kind = frame.WhichOneof("frame")
+        parts = (frame.preprocess_input.prompt_parts if kind == "preprocess_input"
+                 else frame.client_append.chunks if kind == "client_append" else ())
+        num_ids = sum(len(part.token_ids.ids) for part in parts)
+        limit = self.engine.runner.max_model_len
+        if num_ids >= limit:
+            raise errors.invalid_argument(
+                "prompt_token_ids", f"{num_ids} token ids; the context holds {limit} including output",
+                "PROMPT_TOO_LONG")
 
     def _start(self, stream: _Stream, msg: pb.PreprocessInput) -> None:
         request_id = msg.request_id
-        if not request_id:
-            self._put(stream, _single(wire.request_failed("", errors.invalid_argument("request_id", "required"))))
-            return
         refusal = self.serving.refusal()
         if refusal is not None:
             self._put(stream, _single(wire.request_failed(request_id, refusal)))
             return
         if request_id in stream.active:
-            error = errors.already_exists(f"request {request_id!r} is already running on this stream")
-            self._put(stream, _single(wire.request_failed(request_id, error)))
+            # The client lost track of its own request: end it, with this as its one terminal
+            # event (refusing only the duplicate left the client two terminal events for one id).
+            error = errors.already_exists(f"request {request_id!r} was already running on this stream; both ended")
+            self._fail_locally(stream, request_id, error)
             return
         try:
             token_ids, params, input_done = wire.request_of(msg)
@@ -247,5 +291,9 @@ def _end_span(span: Span | None, item, error: errors.MstarError | None = None) -
     span.end()
 
 
-def _single(envelope: pb.Envelope) -> gen_pb2.StreamResponse:
-    return gen_pb2.StreamResponse(envelopes=[envelope])
+def _is_valid_id(request_id: str) -> bool:
+    return 0 < len(request_id) <= _ID.max_len and _ID_PATTERN.fullmatch(request_id) is not None
+
+
+def _single(frame: gen_pb2.ServerFrame) -> gen_pb2.StreamResponse:
+    return gen_pb2.StreamResponse(frames=[frame])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from google.protobuf import timestamp_pb2
-from mstar.v1 import generation_service_pb2 as gen_pb2
+from mstar.generation.v1 import generation_service_pb2 as gen_pb2
 from mstar.v1 import messages_pb2 as pb
 
 from services.common import errors
@@ -43,8 +43,8 @@ def token_ids_of(parts, where: str) -> list[int]:
 def sampling_params_of(kwargs: pb.ModelKwargs) -> SamplingParams:
     s = kwargs.sampling
     if kwargs.HasField("extra") and kwargs.extra.fields:
-        name = sorted(kwargs.extra.fields)[0]
-        raise errors.invalid_argument(f"model_kwargs.extra.{name}", "unknown model keyword argument")
+        name = min(kwargs.extra.fields)
+        raise errors.invalid_argument(f"model_kwargs.extra[{errors.quote(name, 32)}]", "unknown model keyword argument")
     if s.HasField("n") and s.n != 1:
         raise errors.invalid_argument("model_kwargs.sampling.n", "only n = 1 is supported by the engine")
     p = SamplingParams(stop_token_ids=list(s.stop_token_ids), ignore_eos=s.ignore_eos)
@@ -71,13 +71,13 @@ def append_of(msg: pb.ClientAppend) -> tuple[list[int], bool]:
     return token_ids_of(msg.chunks, "chunks"), pb.MODALITY_TOKENS in msg.ends
 
 
-def result_tokens(step: int, rows: list[TokenEvent], num_batched_tokens: int) -> pb.Envelope:
-    frame = pb.ResultTokens(
+def result_tokens(step: int, rows: list[TokenEvent], num_batched_tokens: int) -> gen_pb2.ServerFrame:
+    frame = gen_pb2.ResultTokens(
         step=step,
         request_ids=[r.key[1] for r in rows],
         token_ids=[r.token_id for r in rows],
         loop_indices=[r.index for r in rows],
-        signal=pb.SIGNAL_STEP,
+        signal=gen_pb2.SIGNAL_STEP,
         modality=pb.MODALITY_TOKENS,
         metadata={"batch_tokens": str(num_batched_tokens)},
     )
@@ -88,11 +88,22 @@ def result_tokens(step: int, rows: list[TokenEvent], num_batched_tokens: int) ->
                 pb.TokenLogprobs(logprob=lp.logprob, top_token_ids=lp.top_token_ids, top_logprobs=lp.top_logprobs)
                 if lp is not None else pb.TokenLogprobs()
             )
-    return pb.Envelope(result_tokens=frame)
+    return gen_pb2.ServerFrame(result_tokens=frame)
 
 
-def request_complete(c: Completion) -> pb.Envelope:
-    return pb.Envelope(request_complete=pb.RequestComplete(
+def heartbeat(step: int, request_ids: list[str], num_batched_tokens: int) -> gen_pb2.ServerFrame:
+    """Requests that only prefilled in this step: alive and progressing, no token yet."""
+    return gen_pb2.ServerFrame(result_tokens=gen_pb2.ResultTokens(
+        step=step,
+        request_ids=request_ids,
+        signal=gen_pb2.SIGNAL_HEARTBEAT,
+        modality=pb.MODALITY_TOKENS,
+        metadata={"batch_tokens": str(num_batched_tokens)},
+    ))
+
+
+def request_complete(c: Completion) -> gen_pb2.ServerFrame:
+    return gen_pb2.ServerFrame(request_complete=pb.RequestComplete(
         request_id=c.key[1],
         output_chunk_counts=[pb.ModalityCount(modality=pb.MODALITY_TOKENS, chunks=c.num_output_tokens)],
         conductor_arrival_time=_timestamp(c.arrival_time),
@@ -113,24 +124,24 @@ def request_complete(c: Completion) -> pb.Envelope:
     ))
 
 
-def request_failed(request_id: str, error: errors.MstarError) -> pb.Envelope:
-    return pb.Envelope(request_failed=pb.RequestFailed(
+def request_failed(request_id: str, error: errors.MstarError) -> gen_pb2.ServerFrame:
+    return gen_pb2.ServerFrame(request_failed=pb.RequestFailed(
         request_id=request_id, message=error.message, code=int(error.code),
         http_status=error.http_status, reason=error.reason,
     ))
 
 
-def failure(f: Failure) -> pb.Envelope:
+def failure(f: Failure) -> gen_pb2.ServerFrame:
     return request_failed(f.key[1], f.error)
 
 
 def conductor_status(snapshot: dict[str, float]) -> gen_pb2.StreamResponse:
     metrics = [
-        pb.MetricSnapshot(
+        gen_pb2.MetricSnapshot(
             family="mstar_generation", name=name, value=float(value),
-            kind=pb.METRIC_KIND_COUNTER if KINDS.get(name) == COUNTER else pb.METRIC_KIND_GAUGE,
+            kind=gen_pb2.METRIC_KIND_COUNTER if KINDS.get(name) == COUNTER else gen_pb2.METRIC_KIND_GAUGE,
         )
         for name, value in snapshot.items()
     ]
-    status = pb.ConductorStatus(time=_timestamp(time.time()), metrics=metrics)
-    return gen_pb2.StreamResponse(envelopes=[pb.Envelope(conductor_status=status)])
+    status = gen_pb2.ConductorStatus(time=_timestamp(time.time()), metrics=metrics)
+    return gen_pb2.StreamResponse(frames=[gen_pb2.ServerFrame(conductor_status=status)])

@@ -1,8 +1,8 @@
 """The ONE multiplexed GenerationService stream to a generation backend.
 
 One task owns the connection: connect, check grpc.health.v1, open `Stream`, then read frames and
-route every ResultTokens row / terminal envelope to the request it belongs to (one bounded
-asyncio.Queue per request). Outgoing envelopes from all requests go through one queue and are
+route every ResultTokens row / terminal frame to the request it belongs to (one bounded
+asyncio.Queue per request). Outgoing frames from all requests go through one queue and are
 batched into as few StreamRequest frames as the loop allows.
 
 If the stream breaks (process killed, GOAWAY, network), every request in flight gets
@@ -20,8 +20,10 @@ Envoy stops sending. The next frame from the stream makes it healthy again.
 
 Health is reported to the process's ServingState as the dependency "generation".
 
-Internal request keys are "<request id>#<attempt counter>" so an id reused right after an abort
-can never receive the old request's late frames.
+Internal request keys are short counters ("r1f"), unique per backend, so an id reused right
+after an abort can never receive the old request's late frames, and every engine-step frame,
+which repeats the key of every running row, stays small whatever ids clients choose. The public
+request id travels as the internal PreprocessInput's client_request_id, for the logs.
 """
 
 from __future__ import annotations
@@ -34,12 +36,12 @@ from dataclasses import dataclass, field, replace
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from mstar.v1 import generation_service_pb2 as gen_pb2
-from mstar.v1 import generation_service_pb2_grpc as gen_grpc
+from mstar.generation.v1 import generation_service_pb2 as gen_pb2
+from mstar.generation.v1 import generation_service_pb2_grpc as gen_grpc
 from mstar.v1 import messages_pb2 as pb
 
 from services.common import tracing
-from services.common.errors import Code, MstarError, unavailable
+from services.common.errors import Code, MstarError, from_code, unavailable
 from services.common.server import channel_options
 from services.common.serving import ServingState
 from services.preprocess.request import Sampling, TokenLogprobs
@@ -101,18 +103,18 @@ class BackendRequest:
         append = pb.ClientAppend(
             request_id=self.key, chunks=[chunk], ends=[pb.MODALITY_TOKENS] if end else []
         )
-        self._backend._send(pb.Envelope(client_append=append))
+        self._backend._send(gen_pb2.ClientFrame(client_append=append))
 
     def stop_early(self, reason: str) -> None:
         """Stop generating but keep listening: the engine ends the request with a RequestComplete
         (cancelled) that still carries its usage and timings (a stop string matched here)."""
         if not self.ended and self.key in self._backend._requests:
-            self._backend._send(pb.Envelope(abort=pb.Abort(request_id=self.key, reason=reason)))
+            self._backend._send(gen_pb2.ClientFrame(abort=gen_pb2.Abort(request_id=self.key, reason=reason[:256])))
 
     def abort(self, reason: str) -> None:
         """Stop generating for this request. Idempotent; safe from any finally-path."""
         if self._backend._requests.pop(self.key, None) is not None:
-            self._backend._send(pb.Envelope(abort=pb.Abort(request_id=self.key, reason=reason)))
+            self._backend._send(gen_pb2.ClientFrame(abort=gen_pb2.Abort(request_id=self.key, reason=reason[:256])))
         self.ended = True
 
     def end_locally(self, event: object, reason: str) -> None:
@@ -152,7 +154,7 @@ class GenerationBackend:
         connect_timeout_s: float = 2.0,
         max_backoff_s: float = 2.0,
         state: ServingState | None = None,
-        on_status: Callable[[pb.ConductorStatus], None] | None = None,
+        on_status: Callable[[gen_pb2.ConductorStatus], None] | None = None,
         heartbeat_s: float = 0.5,
         stall_s: float = 5.0,
     ) -> None:
@@ -166,7 +168,7 @@ class GenerationBackend:
         self._stall_s = stall_s
         self._status_metadata = (("mstar-status-interval-ms", str(max(1, round(heartbeat_s * 1000)))),)
         self._requests: dict[str, BackendRequest] = {}
-        self._outbox: asyncio.Queue[pb.Envelope | None] | None = None
+        self._outbox: asyncio.Queue[gen_pb2.ClientFrame | None] | None = None
         self._counter = itertools.count()
         # Healthy = the stream is up, the generation service says SERVING, and it is not silent.
         self._connected = False
@@ -205,11 +207,12 @@ class GenerationBackend:
         """Start a request on the stream, or raise UNAVAILABLE while the backend is down."""
         if not self._healthy or self._outbox is None:
             raise unavailable(f"generation backend {self.target} is unavailable")
-        key = f"{request_id}#{next(self._counter)}"
+        key = f"r{next(self._counter):x}"
         request = BackendRequest(self, key, self._queue_size)
         self._requests[key] = request
         start = pb.PreprocessInput(
             request_id=key,
+            client_request_id=request_id,
             prompt_parts=[pb.PromptPart(modality=pb.MODALITY_TOKENS, token_ids=pb.TokenIds(ids=prompt_ids))],
             input_modalities=[pb.MODALITY_TOKENS] if input_open else [],
             output_modalities=[pb.MODALITY_TOKENS],
@@ -217,14 +220,14 @@ class GenerationBackend:
             # The stream is shared by many traces: each request carries its own (the RPC's span).
             trace_context=tracing.inject(),
         )
-        self._send(pb.Envelope(preprocess_input=start))
+        self._send(gen_pb2.ClientFrame(preprocess_input=start))
         return request
 
     # ---- connection
 
-    def _send(self, envelope: pb.Envelope) -> None:
+    def _send(self, frame: gen_pb2.ClientFrame) -> None:
         if self._outbox is not None:
-            self._outbox.put_nowait(envelope)
+            self._outbox.put_nowait(frame)
 
     def _report_health(self) -> None:
         if not self._connected:
@@ -261,7 +264,7 @@ class GenerationBackend:
                 )
                 if reply.status != health_pb2.HealthCheckResponse.SERVING:
                     raise ConnectionError("generation backend is not serving yet")
-                outbox: asyncio.Queue[pb.Envelope | None] = asyncio.Queue()
+                outbox: asyncio.Queue[gen_pb2.ClientFrame | None] = asyncio.Queue()
                 self._outbox = outbox
                 call = gen_grpc.GenerationServiceStub(channel).Stream(_frames(outbox), metadata=self._status_metadata)
                 self._last_frame = asyncio.get_running_loop().time()
@@ -322,28 +325,28 @@ class GenerationBackend:
             request.deliver(BackendFailed(error))
 
     def _dispatch(self, response: gen_pb2.StreamResponse) -> None:
-        for envelope in response.envelopes:
-            kind = envelope.WhichOneof("payload")
+        for frame in response.frames:
+            kind = frame.WhichOneof("frame")
             if kind == "result_tokens":
-                self._dispatch_tokens(envelope.result_tokens)
+                self._dispatch_tokens(frame.result_tokens)
             elif kind == "request_complete":
-                done = envelope.request_complete
+                done = frame.request_complete
                 request = self._requests.pop(done.request_id, None)
                 if request is not None:
                     request.deliver(_finished(done))
             elif kind == "conductor_status":
                 if self._on_status is not None:
-                    self._on_status(envelope.conductor_status)
+                    self._on_status(frame.conductor_status)
             elif kind == "request_failed":
-                failed = envelope.request_failed
+                failed = frame.request_failed
                 request = self._requests.pop(failed.request_id, None)
                 if request is not None:
-                    code = Code(failed.code) if failed.code in Code._value2member_map_ else Code.INTERNAL
+                    code = from_code(failed.code)  # an unset code is INTERNAL, never OK
                     reason = failed.reason or code.name
                     request.deliver(BackendFailed(MstarError(code, reason, failed.message or reason)))
 
-    def _dispatch_tokens(self, frame: pb.ResultTokens) -> None:
-        heartbeat = frame.signal == pb.SIGNAL_HEARTBEAT
+    def _dispatch_tokens(self, frame: gen_pb2.ResultTokens) -> None:
+        heartbeat = frame.signal == gen_pb2.SIGNAL_HEARTBEAT
         with_logprobs = len(frame.logprobs) == len(frame.request_ids)
         for i, key in enumerate(frame.request_ids):
             request = self._requests.get(key)
@@ -358,20 +361,28 @@ class GenerationBackend:
             request.deliver(TokenStep(frame.token_ids[i], lp))
 
 
-async def _frames(outbox: asyncio.Queue[pb.Envelope | None]):
-    """Client side of the stream: everything queued since the last frame goes in one frame."""
+# One StreamRequest carries at most this many frames / about this many bytes: whatever piled up
+# is batched, but a burst must never build a message near the 16 MB limit (that would break the
+# stream every request shares) or beyond the contract's frame count.
+_MAX_BATCH_FRAMES = 1024
+_MAX_BATCH_BYTES = 1 << 20
+
+
+async def _frames(outbox: asyncio.Queue[gen_pb2.ClientFrame | None]):
+    """Client side of the stream: what was queued since the last message goes in one message."""
     while True:
         first = await outbox.get()
         if first is None:
             return
-        batch = [first]
-        while not outbox.empty():
+        batch, size = [first], first.ByteSize()
+        while not outbox.empty() and len(batch) < _MAX_BATCH_FRAMES and size < _MAX_BATCH_BYTES:
             item = outbox.get_nowait()
             if item is None:
-                yield gen_pb2.StreamRequest(envelopes=batch)
+                yield gen_pb2.StreamRequest(frames=batch)
                 return
             batch.append(item)
-        yield gen_pb2.StreamRequest(envelopes=batch)
+            size += item.ByteSize()
+        yield gen_pb2.StreamRequest(frames=batch)
 
 
 def _sampling_pb(s: Sampling, max_tokens: int) -> pb.SamplingParams:

@@ -1,6 +1,12 @@
 """Request caps and sampling validation: everything that is checked before admission, so the
 generation engine never sees an impossible value and no huge allocation follows a huge number.
 
+The ranges and counts are the contract's declared bounds (protovalidate rules on
+mstar.v1.SamplingParams, read through services/common/contract.py: one source of truth; the
+servicer already enforced them on the wire message). What is added here is server policy: the
+configured max_tokens cap, n (the engine runs one completion per request), the model's
+vocabulary.
+
 max_tokens policy: CLAMP. An absent max_tokens means `default_max_tokens` when the operator set one
 (`--default-max-tokens`, `make run` MSTAR_DEFAULT_MAX_TOKENS), else "what fits" (context - prompt,
 capped by `max_tokens_cap`), like vLLM; either way never more than fits. A max_tokens larger than what fits is
@@ -13,7 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from services.common.errors import MstarError, invalid_argument, resource_exhausted
+from mstar.v1 import messages_pb2 as pb
+
+from services.common.contract import bounds
+from services.common.errors import MstarError, invalid_argument, quote, resource_exhausted
 from services.preprocess.request import Sampling
 
 
@@ -24,10 +33,6 @@ class Limits:
     max_tokens_cap: int = 8192
     default_max_tokens: int | None = None  # for requests without max_tokens; None = what fits
     max_n: int = 1
-    max_logprobs: int = 20
-    max_stop_strings: int = 16
-    max_stop_chars: int = 256
-    max_stop_token_ids: int = 64
     # Per stream (a Session, or one GenerateStream/Generate call plus its unary Appends).
     max_input_bytes: int = 8 * 1024 * 1024
     max_appends: int = 4096
@@ -35,46 +40,37 @@ class Limits:
     max_file_bytes: int = 4 * 1024 * 1024
 
 
-_RANGES = {
-    # field: (low, high, low_inclusive)
-    "temperature": (0.0, 2.0, True),
-    "top_p": (0.0, 1.0, False),
-    "min_p": (0.0, 1.0, True),
-    "repetition_penalty": (0.0, 2.0, False),
-    "frequency_penalty": (-2.0, 2.0, True),
-    "presence_penalty": (-2.0, 2.0, True),
-}
+_RANGED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
+           "presence_penalty", "max_tokens", "logprobs", "n")
+DECLARED = {name: bounds(pb.SamplingParams, name) for name in (*_RANGED, "stop", "stop_token_ids")}
 
-_FIELD = "model_kwargs.sampling."
+_FIELD = "input.model_kwargs.sampling."
 
 
 def validate_sampling(s: Sampling, limits: Limits, vocab_size: int) -> None:
     """Raise INVALID_ARGUMENT naming the first offending field."""
-    for name, (low, high, low_inclusive) in _RANGES.items():
-        value = getattr(s, name)
+    for name in _RANGED:
+        value, declared = getattr(s, name), DECLARED[name]
         if value is None:
             continue
-        if not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):
             raise invalid_argument(_FIELD + name, "must be a finite number")
-        below = value < low if low_inclusive else value <= low
-        if below or value > high:
-            bracket = "[" if low_inclusive else "("
-            raise invalid_argument(_FIELD + name, f"must be in {bracket}{low}, {high}]")
-    if s.top_k is not None and not 0 <= s.top_k <= vocab_size:
-        raise invalid_argument(_FIELD + "top_k", f"must be in [0, {vocab_size}]")
-    if s.max_tokens is not None and not 1 <= s.max_tokens <= limits.max_tokens_cap:
-        raise invalid_argument(_FIELD + "max_tokens", f"must be in [1, {limits.max_tokens_cap}]")
-    if s.n is not None and not 1 <= s.n <= limits.max_n:
+        if not declared.contains(value):
+            raise invalid_argument(_FIELD + name, f"must be in {declared.describe()}")
+    if s.top_k is not None and s.top_k > vocab_size:
+        raise invalid_argument(_FIELD + "top_k", f"must be in [0, {vocab_size}] (the vocabulary)")
+    if s.max_tokens is not None and s.max_tokens > limits.max_tokens_cap:
+        raise invalid_argument(_FIELD + "max_tokens", f"must be in [1, {limits.max_tokens_cap}] (server cap)")
+    if s.n is not None and s.n > limits.max_n:
         raise invalid_argument(_FIELD + "n", f"must be in [1, {limits.max_n}] (one completion per request)")
-    if s.logprobs is not None and not 0 <= s.logprobs <= limits.max_logprobs:
-        raise invalid_argument(_FIELD + "logprobs", f"must be in [0, {limits.max_logprobs}]")
-    if len(s.stop) > limits.max_stop_strings:
-        raise invalid_argument(_FIELD + "stop", f"at most {limits.max_stop_strings} stop strings")
-    for i, stop in enumerate(s.stop):
-        if not stop or len(stop) > limits.max_stop_chars:
-            raise invalid_argument(f"{_FIELD}stop[{i}]", f"must be 1 to {limits.max_stop_chars} characters")
-    if len(s.stop_token_ids) > limits.max_stop_token_ids:
-        raise invalid_argument(_FIELD + "stop_token_ids", f"at most {limits.max_stop_token_ids} ids")
+    stop, stop_ids = DECLARED["stop"], DECLARED["stop_token_ids"]
+    if len(s.stop) > stop.max_items:
+        raise invalid_argument(_FIELD + "stop", f"at most {stop.max_items} stop strings")
+    for i, text in enumerate(s.stop):
+        if not stop.items.min_len <= len(text) <= stop.items.max_len:
+            raise invalid_argument(f"{_FIELD}stop[{i}]", f"must be {stop.items.min_len} to {stop.items.max_len} characters")
+    if len(s.stop_token_ids) > stop_ids.max_items:
+        raise invalid_argument(_FIELD + "stop_token_ids", f"at most {stop_ids.max_items} ids")
     for i, token in enumerate(s.stop_token_ids):
         if not 0 <= token < vocab_size:
             raise invalid_argument(f"{_FIELD}stop_token_ids[{i}]", f"must be in [0, {vocab_size})")
@@ -83,7 +79,7 @@ def validate_sampling(s: Sampling, limits: Limits, vocab_size: int) -> None:
 def validate_extra(keys: tuple[str, ...]) -> None:
     """No model-specific keyword arguments are understood; unknown keys are errors, not ignored."""
     if keys:
-        raise invalid_argument(f"model_kwargs.extra.{keys[0]}", "unknown model argument")
+        raise invalid_argument(f"input.model_kwargs.extra[{quote(min(keys), 32)}]", "unknown model argument")
 
 
 def check_prompt_fits(prompt_tokens: int, context_length: int, field: str) -> None:

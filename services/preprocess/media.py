@@ -14,7 +14,7 @@ import os
 import stat
 from pathlib import Path
 
-from services.common.errors import MstarError, permission_denied
+from services.common.errors import MstarError, permission_denied, quote
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -42,18 +42,18 @@ class FileReader:
             fds.append(fd)
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
-                raise _denied(f"{path!r} is not a regular file")
+                raise _denied(f"{quote(path)} is not a regular file")
             if info.st_size > self.max_bytes:
-                raise _denied(f"{path!r} is larger than {self.max_bytes} bytes", "FILE_TOO_LARGE")
+                raise _denied(f"{quote(path)} is larger than {self.max_bytes} bytes", "FILE_TOO_LARGE")
             data = os.read(fd, self.max_bytes + 1)
             if len(data) > self.max_bytes:  # grew after fstat
-                raise _denied(f"{path!r} is larger than {self.max_bytes} bytes", "FILE_TOO_LARGE")
+                raise _denied(f"{quote(path)} is larger than {self.max_bytes} bytes", "FILE_TOO_LARGE")
             return data
         except MstarError:
             raise
         except OSError as exc:
             # ELOOP (a symlink), ENOTDIR, ENOENT, EACCES...: all the same to the client.
-            raise _denied(f"{path!r} cannot be read under the allowed root ({exc.strerror})") from exc
+            raise _denied(f"{quote(path)} cannot be read under the allowed root ({exc.strerror})") from exc
         finally:
             for fd in fds:
                 os.close(fd)
@@ -67,10 +67,10 @@ class FileReader:
             try:
                 candidate = candidate.relative_to(self.root)
             except ValueError:
-                raise _denied(f"{path!r} is outside the allowed root") from None
+                raise _denied(f"{quote(path)} is outside the allowed root") from None
         parts = [p for p in candidate.parts if p not in ("", ".")]
         if not parts or any(p == ".." for p in parts):
-            raise _denied(f"{path!r} must name a file under the allowed root without '..'")
+            raise _denied(f"{quote(path)} must name a file under the allowed root without '..'")
         return parts
 
 

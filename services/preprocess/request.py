@@ -139,12 +139,21 @@ class Complete:
     timings_ms: dict[str, float] = field(default_factory=dict)
     conductor_times: dict[str, float] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    # Where the request's time went, per stage of its path (RequestComplete.node_timings).
+    node_timings_ms: dict[str, float] = field(default_factory=dict)
+    # What reached the service for it: its PreprocessInput and ClientAppends.
+    rx_messages: int = 0
+    rx_bytes: int = 0
 
 
 @dataclass(frozen=True)
 class Failed:
+    """Terminal for `request_id`; with an empty request_id, a refused Session action that ended
+    nothing (see RequestFailed in protos/mstar/v1/messages.proto)."""
+
     request_id: str
     error: MstarError
+    client_request_id: str = ""
 
 
 Event = Accepted | KeepAlive | Chunk | Profile | Complete | Failed

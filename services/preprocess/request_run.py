@@ -65,7 +65,8 @@ class Deps:
 
 @dataclass
 class InputBudget:
-    """Per-stream input caps (shared by all requests of a Session)."""
+    """Per-stream input caps (shared by all requests of a Session). The servicer charges every
+    message as it arrives, refused ones included, before any other work on it."""
 
     limits: Limits
     bytes_used: int = 0
@@ -122,9 +123,13 @@ class RequestRun:
             return None
         return (self._input_closed or time.monotonic()) - self._opened
 
+    @property
+    def ended(self) -> bool:
+        """True once the request's terminal event is decided (queued or already delivered)."""
+        return self.finished or (self._backend is not None and self._backend.ended)
+
     def start(self) -> Accepted:
         d, s = self._deps, self.spec
-        self._budget.charge(s.upload_bytes, is_append=False)
         caps.validate_sampling(s.sampling, d.limits, d.model.tokenizer.vocab_size)
         caps.validate_extra(s.extra_keys)
         ids = self._prompt.start(s)
@@ -149,8 +154,11 @@ class RequestRun:
             self.request_id, s.client_request_id, self.prompt_tokens, self._max_tokens, self._warnings
         )
 
-    def append(self, spec: AppendSpec) -> None:
-        """More input; raises FAILED_PRECONDITION once the input ended (or the request did)."""
+    def append(self, spec: AppendSpec, charged: bool = False) -> None:
+        """More input. Raises FAILED_PRECONDITION, leaving the request untouched, once the input
+        ended (or the request did); any later error also fails the request (`ended` turns True:
+        part of the input may already be committed). `charged`: the caller already counted the
+        message against the stream's InputBudget (a Session counts every message on arrival)."""
         if self.finished:
             raise failed_precondition(f"request {self.request_id} has finished", "REQUEST_FINISHED")
         if self.input_done:
@@ -159,7 +167,8 @@ class RequestRun:
         self._last_input = time.monotonic()
         before = self.prompt_tokens
         try:
-            self._budget.charge(spec.upload_bytes, is_append=True)
+            if not charged:
+                self._budget.charge(spec.upload_bytes, is_append=True)
             ids = self._prompt.append(spec.parts, spec.ends)
             self._check_fits("append.chunks")
         except MstarError as err:
@@ -229,6 +238,7 @@ class RequestRun:
         detok = Detokenizer(tok.token_bytes)
         stops = StopMatcher(self.spec.sampling.stop, self.spec.sampling.include_stop)
         chunks, completion, sent_profile = 0, 0, False
+        postprocess_s = 0.0  # detokenizing and stop matching, summed over the request
         token_ids: list[int] = []
         logprobs: list = []
         queue = self._backend.queue
@@ -248,6 +258,7 @@ class RequestRun:
             while not queue.empty():  # coalesce whatever piled up into one chunk
                 batch.append(queue.get_nowait())
             text, stop, terminal = "", None, None
+            started = time.perf_counter()
             for i, event in enumerate(batch):
                 if isinstance(event, TokenStep):
                     completion += 1
@@ -258,7 +269,9 @@ class RequestRun:
                     text += result.text
                     if result.stop is not None:
                         stop = result.stop
+                        waited = time.perf_counter()
                         terminal = await self._end_on_stop_string(batch[i + 1:], queue)
+                        started += time.perf_counter() - waited  # the engine's reply is not postprocessing
                         break
                 elif isinstance(event, Heartbeat):
                     continue
@@ -270,6 +283,7 @@ class RequestRun:
                 text += result.text
                 stop = result.stop
                 text += stops.finish()
+            postprocess_s += time.perf_counter() - started
             if text:
                 yield Chunk(rid, chunks, text, tuple(token_ids), tuple(logprobs))
                 chunks += 1
@@ -299,6 +313,9 @@ class RequestRun:
                 timings_ms=backend.timings_ms,
                 conductor_times=backend.conductor_times,
                 warnings=self._warnings,
+                node_timings_ms=self._node_timings_ms(backend, postprocess_s),
+                rx_messages=len(self._uploads),
+                rx_bytes=sum(self._uploads),
             )
             return
 
@@ -322,6 +339,18 @@ class RequestRun:
                 return replace(event, finish_reason="stop")
             if isinstance(event, BackendFailed):
                 return BackendFinished("stop")
+
+    def _node_timings_ms(self, backend: BackendFinished, postprocess_s: float) -> dict[str, float]:
+        """The request's path through the services: preprocessing (validation, template,
+        tokenization, until the input was complete), generation (the conductor's arrival to
+        finish) and postprocessing (detokenizing and stop matching)."""
+        out = {}
+        if self._preprocess_finish is not None:
+            out["preprocess"] = max(0.0, (self._preprocess_finish - self._dequeue_time) * 1000)
+        if "e2e_ms" in backend.timings_ms:
+            out["generation"] = backend.timings_ms["e2e_ms"]
+        out["postprocess"] = postprocess_s * 1000
+        return out
 
     def _profile(self) -> Profile:
         return Profile(

@@ -6,23 +6,32 @@ if it is still running, so client cancel, disconnect and deadline (grpc.aio canc
 task; envoy.md: context.cancelled() is unreliable) all reach the engine through the same path.
 A done-callback on the context repeats it, idempotently, in case the task is torn down without
 unwinding through our code.
+
+Every request message is first checked against the contract's declared bounds and a prompt
+cost estimate (`_check`), before any per-element work. In a Session, a refused action (a start
+that got no id, a duplicate start, an append or cancel naming no running request) is reported as
+a `failed` event with an EMPTY request_id, so it never adds a second terminal event to a request
+that runs or ran under that id (issue 13, finding 6).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 
 import grpc
 from mstar.v1 import inference_service_pb2 as api
 from mstar.v1 import inference_service_pb2_grpc as api_grpc
+from mstar.v1 import messages_pb2 as pb
 
-from services.common import errors
-from services.common.errors import MstarError, already_exists, not_found
+from services.common import contract, errors
+from services.common.errors import MstarError, already_exists, not_found, quote
 from services.common.metrics import PreprocessMetrics, timing_metadata
 from services.common.serving import ServingState
 from services.preprocess import client, wire
+from services.preprocess import limits as caps
 from services.preprocess.openai.routes import OpenAIRoutes
 from services.preprocess.request import Chunk, Complete, Failed
 from services.preprocess.request_run import Deps, InputBudget, RequestRun
@@ -30,6 +39,8 @@ from services.preprocess.request_run import Deps, InputBudget, RequestRun
 log = logging.getLogger(__name__)
 
 _SESSION_OUTBOX = 256  # events buffered per session before requests feel backpressure
+_ID = contract.bounds(pb.PreprocessInput, "request_id")
+_CLIENT_ID = contract.bounds(pb.PreprocessInput, "client_request_id")
 
 
 class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
@@ -51,10 +62,10 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         if refusal is not None:
             raise refusal
         if spec.model and spec.model not in (self._deps.model.name, "default"):
-            raise not_found(f"model {spec.model!r} is not served (see ListModels)", reason="MODEL_NOT_FOUND")
+            raise not_found(f"model {quote(spec.model)} is not served (see ListModels)", reason="MODEL_NOT_FOUND")
         if spec.request_id in self._runs:
             raise already_exists(
-                f"request {spec.request_id} is already running", reason="DUPLICATE_REQUEST_ID"
+                f"request {quote(spec.request_id)} is already running", reason="DUPLICATE_REQUEST_ID"
             )
         run = RequestRun(spec, self._deps, budget, client_key)
         started = time.perf_counter()
@@ -70,6 +81,23 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         self.metrics.on_preprocessed(time.perf_counter() - started)
         self._runs[spec.request_id] = run
         return run, accepted
+
+    def _check(self, msg, prompt: pb.PreprocessInput | pb.ClientAppend | None, where: str, prefix: str = "") -> None:
+        """Declared bounds, counts first; then a prompt (or appended chunk) that cannot fit the
+        context is refused before the template, the tokenizer or per-token validation run.
+        `prompt` is the PreprocessInput or ClientAppend inside `msg`, found at field path `where`."""
+        model = self._deps.model
+
+        def cost(_msg) -> None:
+            if isinstance(prompt, pb.PreprocessInput):
+                texts = (prompt.text, *(m.content for m in prompt.messages))
+                parts, field = prompt.prompt_parts, "prompt_parts" if prompt.prompt_parts else "text"
+            else:
+                texts, parts, field = (prompt.text,), prompt.chunks, "chunks"
+            n = wire.min_prompt_tokens(parts, model.tokenizer.max_token_bytes, *texts)
+            caps.check_prompt_fits(n, model.context_length, f"{where}.{field}")
+
+        contract.check(msg, prefix=prefix, cost=cost if prompt is not None else None)
 
     def _end(self, run: RequestRun) -> None:
         if self._runs.get(run.request_id) is run:
@@ -91,6 +119,9 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         started: list[RequestRun] = []
         self._watch(context, started)
         try:
+            budget = InputBudget(self._deps.limits)
+            budget.charge(request.ByteSize(), is_append=False)
+            self._check(request, request.input, "input")
             spec = wire.request_spec(request.input)
             if spec.open_inputs and not request.input.request_id:
                 # Unary Generate never reveals a server-assigned id, so nobody could Append to
@@ -99,7 +130,7 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
                 raise errors.invalid_argument(
                     "input.request_id", "streamed input (input_modalities) on Generate needs a client-chosen "
                     "request_id to Append to; or use GenerateStream / Session")
-            run, _ = self._begin(spec, InputBudget(self._deps.limits), client.of_context(context))
+            run, _ = self._begin(spec, budget, client.of_context(context))
             started.append(run)
             text, token_ids, logprobs = [], [], []
             async for event in self.metrics.observe(run.events(), run.request_id, "Generate"):
@@ -138,15 +169,19 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         self._watch(context, started)
         try:
             try:
+                budget = InputBudget(self._deps.limits)
+                budget.charge(inp.ByteSize(), is_append=False)
+                self._check(inp, inp, "input", prefix="input")
                 spec = wire.request_spec(inp)
-                run, accepted = self._begin(spec, InputBudget(self._deps.limits), client.of_context(context))
+                run, accepted = self._begin(spec, budget, client.of_context(context))
                 started.append(run)
             except MstarError as err:
                 await errors.abort(context, err)  # before any message: a real status
                 return
-            yield wire.stream_event(accepted)
+            sent = wire.Sent()
+            yield wire.stream_event(accepted, sent)
             async for event in self.metrics.observe(run.events(), run.request_id, surface):
-                yield wire.stream_event(event)
+                yield wire.stream_event(event, sent)
         finally:
             for run in started:
                 self._end(run)
@@ -173,15 +208,21 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
                     await self._session_action(message, budget, client_key, started, pumps, pump, outbox)
                 await asyncio.gather(*pumps)  # half-closed: running requests still finish
                 await outbox.put(None)
-            except MstarError as err:  # per-session caps: ends the whole session
+            except MstarError as err:  # per-session caps, undecodable message: ends the session
                 await outbox.put(err)
+            except Exception as exc:  # noqa: BLE001 - a bug ends the session, never leaves it hanging
+                await outbox.put(errors.unexpected(exc, "InferenceService.Session reader", log))
 
         reader = asyncio.create_task(read())
+        sent: dict[str, wire.Sent] = {}  # per running request id
         try:
             while (item := await outbox.get()) is not None:
                 if isinstance(item, MstarError):
                     await errors.abort(context, item)
-                yield wire.session_event(item)
+                counter = sent.setdefault(item.request_id, wire.Sent()) if item.request_id else None
+                yield wire.session_event(item, counter)
+                if isinstance(item, Complete | Failed):
+                    sent.pop(item.request_id, None)
             await reader
         finally:
             reader.cancel()
@@ -192,16 +233,21 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
 
     async def _session_action(self, message, budget, client_key, started, pumps, pump, outbox) -> None:
         action = message.WhichOneof("action")
+        # Every message counts against the session's input caps as it arrives, refused ones
+        # included: an INPUT_LIMIT error here ends the session.
+        budget.charge(message.ByteSize(), is_append=action == "append")
         if action == "start":
-            request_id = message.start.request_id
+            start = message.start
             try:
-                spec = wire.request_spec(message.start)
-                request_id = spec.request_id
+                self._check(start, start, "start", prefix="start")
+                spec = wire.request_spec(start)
                 run, accepted = self._begin(spec, budget, client_key)
             except MstarError as err:
-                if err.reason == "INPUT_LIMIT":
-                    raise
-                await outbox.put(Failed(request_id, err))  # per-request errors never end the session
+                # Per-request errors never end the session. Attributed to the chosen id only if
+                # it is a valid id no request is running under; the client's own id is echoed.
+                rid = start.request_id if self._is_free_id(start.request_id) else ""
+                crid = start.client_request_id if len(start.client_request_id) <= _CLIENT_ID.max_len else ""
+                await outbox.put(Failed(rid, err, client_request_id=crid))
                 return
             started.add(run)
             await outbox.put(accepted)
@@ -210,25 +256,37 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
             task.add_done_callback(pumps.discard)
         elif action == "append":
             try:
-                self._append(wire.append_spec(message.append))
+                self._check(message, message.append, "append")
+                self._append(wire.append_spec(message.append), charged=True)
             except MstarError as err:
-                if err.reason == "INPUT_LIMIT":
-                    raise
-                await outbox.put(Failed(message.append.request_id, err))
+                run = self._runs.get(message.append.request_id)
+                if run is None or not run.ended:
+                    await outbox.put(Failed("", err))  # refused; the request (if any) is unaffected
+                # else the append failed the request: its own terminal event carries the error
         elif action == "cancel":
+            try:
+                contract.check(message)
+            except MstarError as err:
+                await outbox.put(Failed("", err))
+                return
             run = self._runs.get(message.cancel.request_id)
             if run is not None:
                 run.cancel()
 
-    def _append(self, spec) -> RequestRun:
+    def _is_free_id(self, request_id: str) -> bool:
+        return (0 < len(request_id) <= _ID.max_len and re.fullmatch(_ID.pattern, request_id) is not None
+                and request_id not in self._runs)
+
+    def _append(self, spec, charged: bool = False) -> RequestRun:
         run = self._runs.get(spec.request_id)
         if run is None:
-            raise not_found(f"request {spec.request_id!r} is not running", reason="REQUEST_NOT_FOUND")
-        run.append(spec)
+            raise not_found(f"request {quote(spec.request_id)} is not running", reason="REQUEST_NOT_FOUND")
+        run.append(spec, charged)
         return run
 
     async def Append(self, request: api.AppendRequest, context) -> api.AppendResponse:
         try:
+            self._check(request, request.append, "append")
             run = self._append(wire.append_spec(request.append))
             return api.AppendResponse(
                 request_id=run.request_id, prompt_tokens=run.prompt_tokens, input_ended=run.input_done
@@ -237,6 +295,10 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
             await errors.abort(context, err)
 
     async def Cancel(self, request: api.CancelRequest, context) -> api.CancelResponse:
+        try:
+            contract.check(request)
+        except MstarError as err:
+            await errors.abort(context, err)
         run = self._runs.get(request.request_id)
         return api.CancelResponse(request_id=request.request_id, cancelled=bool(run and run.cancel()))
 

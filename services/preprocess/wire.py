@@ -9,7 +9,7 @@ from google.protobuf import timestamp_pb2
 from mstar.v1 import inference_service_pb2 as api
 from mstar.v1 import messages_pb2 as pb
 
-from services.common.errors import MstarError, invalid_argument
+from services.common.errors import invalid_argument
 from services.preprocess.chat_template import ChatMessage
 from services.preprocess.request import (
     TEXT,
@@ -75,6 +75,22 @@ def sampling_pb(s: Sampling) -> pb.SamplingParams:
         if value is not None:
             setattr(params, name, value)
     return params
+
+
+def min_prompt_tokens(parts, max_token_bytes: int, *texts: str) -> int:
+    """A lower bound on the tokens `texts` and prompt/append `parts` become, in O(number of
+    parts): a token spans at most max_token_bytes bytes, and a str has at most as many
+    characters as UTF-8 bytes. Lets a prompt that cannot fit be refused before any per-element
+    work (template, tokenizer, validation of each token id)."""
+    chars = sum(len(t) for t in texts)
+    ids = 0
+    for p in parts:
+        source = p.WhichOneof("source")
+        if source == "token_ids":
+            ids += len(p.token_ids.ids)
+        elif source in ("text", "data"):
+            chars += len(getattr(p, source))
+    return ids + chars // max_token_bytes
 
 
 def request_spec(msg: pb.PreprocessInput) -> RequestSpec:
@@ -190,7 +206,8 @@ def profile(e: Profile) -> pb.DataWorkerProfile:
     )
 
 
-def complete(e: Complete) -> pb.RequestComplete:
+def complete(e: Complete, tx: pb.TransferInfo | None = None) -> pb.RequestComplete:
+    """The terminal event; `tx` counts what was sent to the client for the request before it."""
     done = pb.RequestComplete(
         request_id=e.request_id,
         output_chunk_counts=[pb.ModalityCount(modality=pb.MODALITY_TEXT, chunks=e.chunks)],
@@ -204,32 +221,56 @@ def complete(e: Complete) -> pb.RequestComplete:
         finish_reason=FINISH_ENUMS[e.finish_reason],
         stop_reason=e.stop_reason,
         warnings=e.warnings,
+        node_timings=[pb.NodeTiming(node=node, duration_ms=ms) for node, ms in e.node_timings_ms.items()],
+        rx=pb.TransferInfo(messages=e.rx_messages, bytes=e.rx_bytes),
+        tx=tx or pb.TransferInfo(),
     )
     for name, seconds in e.conductor_times.items():
         getattr(done, name).CopyFrom(_timestamp(seconds))
     return done
 
 
-def failed(request_id: str, err: MstarError) -> pb.RequestFailed:
+def failed(e: Failed) -> pb.RequestFailed:
+    err = e.error
     return pb.RequestFailed(
-        request_id=request_id,
+        request_id=e.request_id,
         message=err.message,
         code=int(err.code),
         http_status=err.http_status,
         reason=err.reason,
+        client_request_id=e.client_request_id,
     )
 
 
-def stream_event(e) -> api.GenerateStreamResponse:
-    """A request event as a GenerateStream message (Session uses the same oneof names)."""
-    return api.GenerateStreamResponse(**_event_fields(e))
+class Sent:
+    """What went to the client for one request so far (RequestComplete.tx)."""
+
+    def __init__(self) -> None:
+        self.messages = 0
+        self.bytes = 0
+
+    def count(self, msg):
+        self.messages += 1
+        self.bytes += msg.ByteSize()
+        return msg
+
+    def info(self) -> pb.TransferInfo:
+        return pb.TransferInfo(messages=self.messages, bytes=self.bytes)
 
 
-def session_event(e) -> api.SessionResponse:
-    return api.SessionResponse(**_event_fields(e))
+def stream_event(e, sent: Sent | None = None) -> api.GenerateStreamResponse:
+    """A request event as a GenerateStream message (Session uses the same oneof names), counted
+    in `sent` (whose totals the terminal RequestComplete reports)."""
+    msg = api.GenerateStreamResponse(**_event_fields(e, sent))
+    return sent.count(msg) if sent is not None else msg
 
 
-def _event_fields(e) -> dict:
+def session_event(e, sent: Sent | None = None) -> api.SessionResponse:
+    msg = api.SessionResponse(**_event_fields(e, sent))
+    return sent.count(msg) if sent is not None else msg
+
+
+def _event_fields(e, sent: Sent | None = None) -> dict:
     if isinstance(e, Accepted):
         return {"accepted": accepted(e)}
     if isinstance(e, Chunk):
@@ -239,7 +280,7 @@ def _event_fields(e) -> dict:
     if isinstance(e, Profile):
         return {"profile": profile(e)}
     if isinstance(e, Complete):
-        return {"complete": complete(e)}
+        return {"complete": complete(e, sent.info() if sent is not None else None)}
     if isinstance(e, Failed):
-        return {"failed": failed(e.request_id, e.error)}
+        return {"failed": failed(e)}
     raise TypeError(f"not a request event: {e!r}")

@@ -12,8 +12,8 @@ import time
 import grpc
 import httpx
 import pytest
-from mstar.v1 import generation_service_pb2 as gpb
-from mstar.v1 import generation_service_pb2_grpc as gpb_grpc
+from mstar.generation.v1 import generation_service_pb2 as gpb
+from mstar.generation.v1 import generation_service_pb2_grpc as gpb_grpc
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +39,7 @@ class StatusWatch:
     def _read(self) -> None:
         try:
             for response in self._call:
-                for envelope in response.envelopes:
+                for envelope in response.frames:
                     if envelope.HasField("conductor_status"):
                         with self.updated:
                             self.latest = {m.name: m.value for m in envelope.conductor_status.metrics}

@@ -60,7 +60,8 @@ def test_node_grpc_js_client_streams_through_envoy(stack):
     modules = _node_modules()
     script = ROOT / "tests" / "e2e" / "node" / "stream_generate.js"
     result = subprocess.run(
-        ["node", str(script), stack.grpc_target, str(ROOT / "protos"), str(ROOT / "build" / "googleapis")],
+        ["node", str(script), stack.grpc_target, str(ROOT / "protos"), str(ROOT / "build" / "googleapis"),
+         str(ROOT / "third_party" / "protovalidate")],
         capture_output=True, text=True, timeout=120, env={**os.environ, "NODE_PATH": str(modules)})
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from mstar.v1 import generation_service_pb2 as gen_pb2
-from mstar.v1 import generation_service_pb2_grpc as gen_grpc
+from mstar.generation.v1 import generation_service_pb2 as gen_pb2
+from mstar.generation.v1 import generation_service_pb2_grpc as gen_grpc
 from mstar.v1 import inference_service_pb2 as api
 from mstar.v1 import inference_service_pb2_grpc as api_grpc
 from mstar.v1 import messages_pb2 as pb
@@ -48,8 +48,8 @@ async def conductor_status(gen_addr: str, timeout_s: float = 5.0) -> dict[str, f
         call = stub.Stream(hold_open(), metadata=(("mstar-status-interval-ms", "50"),), timeout=timeout_s)
         try:
             async for response in call:
-                for env in response.envelopes:
-                    if env.WhichOneof("payload") == "conductor_status":
+                for env in response.frames:
+                    if env.WhichOneof("frame") == "conductor_status":
                         return {m.name: m.value for m in env.conductor_status.metrics}
         finally:
             call.cancel()
@@ -185,8 +185,8 @@ async def time_to_idle(gen_addr: str, kv_baseline: float = 0.0, timeout_s: float
         last: dict[str, float] = {}
         try:
             async for response in call:
-                for env in response.envelopes:
-                    if env.WhichOneof("payload") != "conductor_status":
+                for env in response.frames:
+                    if env.WhichOneof("frame") != "conductor_status":
                         continue
                     last = {m.name: m.value for m in env.conductor_status.metrics}
                     busy = last.get("requests_running", 0) + last.get("requests_waiting", 0)

@@ -2,7 +2,9 @@
 
 Envoy hands the service the body bytes and Content-Type untouched, so every malformed-input case
 is decided here: wrong content type, empty body, invalid UTF-8, invalid JSON, NaN/Infinity
-literals (Python's json accepts them, JSON does not), and a top level that is not an object.
+literals (Python's json accepts them, JSON does not), lone UTF-16 surrogate escapes (Python's json
+accepts "\ud800" too, and the string then cannot become UTF-8: it was a 500 quoting the Python
+exception, issue 13 finding 4), and a top level that is not an object.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def decode_json_object(data: bytes, content_type: str) -> dict:
     # typically curl's default application/x-www-form-urlencoded.
     if content_type and not _is_json_media_type(content_type):
         raise errors.invalid_argument(
-            "body", f"Content-Type must be application/json, got {content_type!r}", reason="BAD_CONTENT_TYPE"
+            "body", f"Content-Type must be application/json, got {errors.quote(content_type)}", reason="BAD_CONTENT_TYPE"
         )
     if not data.strip():
         raise errors.invalid_argument(
@@ -48,4 +50,11 @@ def decode_json_object(data: bytes, content_type: str) -> dict:
         raise errors.invalid_argument(
             "body", f"must be a JSON object, got {type_name(value)}", reason="INVALID_JSON"
         )
+    try:  # one pass in C over every key and string: they must all be encodable as UTF-8
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise errors.invalid_argument(
+            "body", "a string holds a lone UTF-16 surrogate escape (\\ud800-\\udfff come in pairs)",
+            reason="INVALID_JSON",
+        ) from None
     return value

@@ -149,7 +149,7 @@ class _Stream:
         elif kind == "failed":
             failed = event.failed
             self.failure = errors.MstarError(
-                errors.Code(failed.code or errors.Code.INTERNAL), failed.reason or "FAILED", failed.message
+                errors.from_code(failed.code), failed.reason or "FAILED", failed.message
             )
             return [self.error_frame(self.failure), self._body(render.DONE)] if self.started else []
         return []

@@ -15,7 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mstar.v1 import messages_pb2 as pb
+
 from services.common import errors
+from services.common.contract import bounds
+from services.preprocess.limits import DECLARED
 from services.preprocess.openai import fields as f
 from services.preprocess.openai.body import decode_json_object
 from services.preprocess.request import Sampling
@@ -23,14 +27,15 @@ from services.preprocess.request import Sampling
 CHAT = "chat"
 COMPLETION = "completion"
 
-MAX_N = 8
-MAX_STOP = 16
-MAX_STOP_LEN = 1024
-MAX_STOP_TOKEN_IDS = 64
-MAX_MESSAGES = 2048
-MAX_TOP_LOGPROBS = 20
-MAX_COMPLETION_LOGPROBS = 5
-MAX_MODEL_LEN = 256
+# The contract's declared bounds (protos/mstar/v1/messages.proto), so both API shapes agree.
+MAX_N = int(DECLARED["n"].high)
+MAX_STOP = DECLARED["stop"].max_items
+MAX_STOP_LEN = DECLARED["stop"].items.max_len
+MAX_STOP_TOKEN_IDS = DECLARED["stop_token_ids"].max_items
+MAX_MESSAGES = bounds(pb.PreprocessInput, "messages").max_items
+MAX_TOP_LOGPROBS = int(DECLARED["logprobs"].high)
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's own limit for the legacy endpoint
+MAX_MODEL_LEN = bounds(pb.PreprocessInput, "model").max_len
 # OpenAI's documented default for the legacy completions endpoint.
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 
@@ -115,7 +120,8 @@ def parse(kind: str, data: bytes, content_type: str) -> OpenAIRequest:
     options = f.get_object(body, "stream_options") or {}
     for key in options:
         if key not in ("include_usage", "continuous_usage_stats"):
-            raise errors.invalid_argument(f"stream_options.{key}", "unknown field", reason="UNKNOWN_FIELD")
+            raise errors.invalid_argument(
+                f"stream_options.{errors.field_name(key)}", "unknown field", reason="UNKNOWN_FIELD")
     req.include_usage = bool(f.get_bool(options, "include_usage", prefix="stream_options"))
     req.n = f.get_int(body, "n", lo=1, hi=MAX_N) or 1
     if kind == CHAT:
@@ -123,7 +129,7 @@ def parse(kind: str, data: bytes, content_type: str) -> OpenAIRequest:
         max_tokens, logprobs = _chat_max_tokens(body), _chat_logprobs(body)
     else:
         req.prompt_text, req.prompt_token_ids = _prompt(body)
-        given = f.get_int(body, "max_tokens", lo=1, hi=f.INT32_MAX)
+        given = f.get_int(body, "max_tokens", lo=1, hi=int(DECLARED["max_tokens"].high))
         max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if given is None else given
         logprobs = f.get_int(body, "logprobs", lo=0, hi=MAX_COMPLETION_LOGPROBS)
         best_of = f.get_int(body, "best_of", lo=1, hi=MAX_N)
@@ -143,7 +149,7 @@ def _check_keys(kind: str, body: dict) -> None:
             if _is_neutral(key, body[key]):
                 continue
             raise errors.invalid_argument(key, "not supported by this server", reason="UNSUPPORTED_FIELD")
-        raise errors.invalid_argument(key, "unknown field", reason="UNKNOWN_FIELD")
+        raise errors.invalid_argument(errors.field_name(key), "unknown field", reason="UNKNOWN_FIELD")
 
 
 def _is_neutral(key: str, value: object) -> bool:
@@ -154,16 +160,21 @@ def _is_neutral(key: str, value: object) -> bool:
     return value in NEUTRAL.get(key, ())
 
 
+def _declared_float(body: dict, name: str) -> float | None:
+    b = DECLARED[name]
+    return f.get_float(body, name, lo=b.low, hi=b.high, lo_open=not b.low_inclusive)
+
+
 def _sampling(body: dict, *, max_tokens: int | None, logprobs: int | None) -> Sampling:
-    top_k = f.get_int(body, "top_k", lo=-1, hi=f.INT32_MAX)
+    top_k = f.get_int(body, "top_k", lo=-1, hi=int(DECLARED["top_k"].high))
     return Sampling(
-        temperature=f.get_float(body, "temperature", lo=0.0, hi=2.0),
-        top_p=f.get_float(body, "top_p", lo=0.0, hi=1.0, lo_open=True),
+        temperature=_declared_float(body, "temperature"),
+        top_p=_declared_float(body, "top_p"),
         top_k=0 if top_k == -1 else top_k,  # vLLM spells "off" as -1; mstar as 0
-        min_p=f.get_float(body, "min_p", lo=0.0, hi=1.0),
-        repetition_penalty=f.get_float(body, "repetition_penalty", lo=0.0, hi=2.0, lo_open=True),
-        frequency_penalty=f.get_float(body, "frequency_penalty", lo=-2.0, hi=2.0),
-        presence_penalty=f.get_float(body, "presence_penalty", lo=-2.0, hi=2.0),
+        min_p=_declared_float(body, "min_p"),
+        repetition_penalty=_declared_float(body, "repetition_penalty"),
+        frequency_penalty=_declared_float(body, "frequency_penalty"),
+        presence_penalty=_declared_float(body, "presence_penalty"),
         seed=f.get_int(body, "seed", lo=-(2**63), hi=f.INT64_MAX),
         max_tokens=max_tokens,
         logprobs=logprobs,
@@ -178,8 +189,8 @@ def _sampling(body: dict, *, max_tokens: int | None, logprobs: int | None) -> Sa
 
 def _chat_max_tokens(body: dict) -> int | None:
     # max_completion_tokens is OpenAI's current name, max_tokens the deprecated one; both work.
-    new = f.get_int(body, "max_completion_tokens", lo=1, hi=f.INT32_MAX)
-    old = f.get_int(body, "max_tokens", lo=1, hi=f.INT32_MAX)
+    new = f.get_int(body, "max_completion_tokens", lo=1, hi=int(DECLARED["max_tokens"].high))
+    old = f.get_int(body, "max_tokens", lo=1, hi=int(DECLARED["max_tokens"].high))
     if new is not None and old is not None and new != old:
         raise errors.invalid_argument("max_tokens", "conflicts with max_completion_tokens; send only one")
     return new if new is not None else old
@@ -211,11 +222,11 @@ def _message(i: int, m: object) -> tuple[str, str]:
     for key in m:
         if key not in MESSAGE_KEYS and m[key] not in (None, [], ""):
             raise errors.invalid_argument(
-                f"{where}.{key}", "not supported by this server", reason="UNSUPPORTED_FIELD"
+                f"{where}.{errors.field_name(key)}", "not supported by this server", reason="UNSUPPORTED_FIELD"
             )
     role = m.get("role")
     if role not in ROLES:
-        raise errors.invalid_argument(f"{where}.role", f"must be one of {sorted(ROLES)}, got {role!r}")
+        raise errors.invalid_argument(f"{where}.role", f"must be one of {sorted(ROLES)}, got {errors.quote(role)}")
     return ROLES[role], _content(where, role, m.get("content"))
 
 

@@ -1,12 +1,12 @@
 // A plain Node.js gRPC client (@grpc/grpc-js + @grpc/proto-loader on protos/) streaming
 // InferenceService.GenerateStream through Envoy. Prints {"events": [...], "text": "..."}.
-// Usage: node stream_generate.js HOST:PORT PROTOS_DIR GOOGLEAPIS_DIR
+// Usage: node stream_generate.js HOST:PORT PROTO_INCLUDE_DIR... (protos/, googleapis, protovalidate)
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 
-const [target, protos, googleapis] = process.argv.slice(2);
+const [target, ...includeDirs] = process.argv.slice(2);
 const definition = protoLoader.loadSync('mstar/v1/inference_service.proto', {
-  includeDirs: [protos, googleapis], keepCase: true, longs: String, enums: String, oneofs: true,
+  includeDirs, keepCase: true, longs: String, enums: String, oneofs: true,
 });
 const mstar = grpc.loadPackageDefinition(definition).mstar.v1;
 const client = new mstar.InferenceService(target, grpc.credentials.createInsecure());

@@ -1,4 +1,4 @@
-"""A blocking client for GenerationService.Stream: send envelopes, collect per-request results."""
+"""A blocking client for GenerationService.Stream: send frames, collect per-request results."""
 
 from __future__ import annotations
 
@@ -6,16 +6,16 @@ import queue
 import threading
 
 import grpc
-from mstar.v1 import generation_service_pb2 as gen_pb2
-from mstar.v1 import generation_service_pb2_grpc as gen_grpc
+from mstar.generation.v1 import generation_service_pb2 as gen_pb2
+from mstar.generation.v1 import generation_service_pb2_grpc as gen_grpc
 from mstar.v1 import messages_pb2 as pb
 
 _DONE = object()
 
 
-def start(request_id, prompt, max_tokens=8, input_open=False, **sampling) -> pb.Envelope:
+def start(request_id, prompt, max_tokens=8, input_open=False, **sampling) -> gen_pb2.ClientFrame:
     params = pb.SamplingParams(max_tokens=max_tokens, **({"temperature": 0.0} | sampling))
-    return pb.Envelope(preprocess_input=pb.PreprocessInput(
+    return gen_pb2.ClientFrame(preprocess_input=pb.PreprocessInput(
         request_id=request_id,
         prompt_parts=[pb.PromptPart(modality=pb.MODALITY_TOKENS, token_ids=pb.TokenIds(ids=prompt))],
         input_modalities=[pb.MODALITY_TOKENS] if input_open else [],
@@ -23,14 +23,14 @@ def start(request_id, prompt, max_tokens=8, input_open=False, **sampling) -> pb.
     ))
 
 
-def append(request_id, ids, end=True) -> pb.Envelope:
-    return pb.Envelope(client_append=pb.ClientAppend(
+def append(request_id, ids, end=True) -> gen_pb2.ClientFrame:
+    return gen_pb2.ClientFrame(client_append=pb.ClientAppend(
         request_id=request_id, chunks=[pb.PromptPart(modality=pb.MODALITY_TOKENS, token_ids=pb.TokenIds(ids=ids))],
         ends=[pb.MODALITY_TOKENS] if end else []))
 
 
-def abort(request_id) -> pb.Envelope:
-    return pb.Envelope(abort=pb.Abort(request_id=request_id))
+def abort(request_id) -> gen_pb2.ClientFrame:
+    return gen_pb2.ClientFrame(abort=gen_pb2.Abort(request_id=request_id))
 
 
 class StreamClient:
@@ -40,9 +40,9 @@ class StreamClient:
         self.call = gen_grpc.GenerationServiceStub(self.channel).Stream(self._requests(), metadata=metadata)
         self.responses: list[gen_pb2.StreamResponse] = []
         self.tokens: dict[str, list[int]] = {}
-        self.ends: dict[str, pb.Envelope] = {}
-        self.statuses: list[pb.ConductorStatus] = []
-        self.duplicates: list[pb.RequestFailed] = []
+        self.ends: dict[str, gen_pb2.ServerFrame] = {}
+        self.heartbeats: dict[str, int] = {}
+        self.statuses: list[gen_pb2.ConductorStatus] = []
         self.error: grpc.RpcError | None = None
         self._changed = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -53,10 +53,10 @@ class StreamClient:
             item = self._outbox.get()
             if item is _DONE:
                 return
-            yield gen_pb2.StreamRequest(envelopes=item)
+            yield gen_pb2.StreamRequest(frames=item)
 
-    def send(self, *envelopes: pb.Envelope) -> None:
-        self._outbox.put(list(envelopes))
+    def send(self, *frames: gen_pb2.ClientFrame) -> None:
+        self._outbox.put(list(frames))
 
     def half_close(self) -> None:
         self._outbox.put(_DONE)
@@ -69,14 +69,17 @@ class StreamClient:
             for response in self.call:
                 with self._changed:
                     self.responses.append(response)
-                    for env in response.envelopes:
-                        kind = env.WhichOneof("payload")
-                        if kind == "result_tokens":
+                    for env in response.frames:
+                        kind = env.WhichOneof("frame")
+                        if kind == "result_tokens" and env.result_tokens.signal == gen_pb2.SIGNAL_HEARTBEAT:
+                            for rid in env.result_tokens.request_ids:
+                                assert rid not in self.ends, f"heartbeat after the terminal event of {rid}"
+                                self.heartbeats[rid] = self.heartbeats.get(rid, 0) + 1
+                        elif kind == "result_tokens":
                             frame = env.result_tokens
                             for rid, tok in zip(frame.request_ids, frame.token_ids, strict=True):
+                                assert rid not in self.ends, f"token after the terminal event of {rid}"
                                 self.tokens.setdefault(rid, []).append(tok)
-                        elif kind == "request_failed" and env.request_failed.code == grpc.StatusCode.ALREADY_EXISTS.value[0]:
-                            self.duplicates.append(env.request_failed)  # refers to a second start, not the running one
                         elif kind in ("request_complete", "request_failed"):
                             rid = getattr(env, kind).request_id
                             assert rid not in self.ends, f"second terminal event for {rid}"

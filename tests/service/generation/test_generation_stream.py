@@ -4,6 +4,7 @@ import grpc
 from generation_server_proc import start_server, stop_server
 from generation_stream_client import StreamClient, abort, append, start
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from mstar.generation.v1 import generation_service_pb2 as gen_pb2
 from mstar.v1 import messages_pb2 as pb
 
 STATUS = (("mstar-status-interval-ms", "50"),)
@@ -23,17 +24,18 @@ def test_32_concurrent_requests_on_one_stream(server):
         assert done.HasField("request_complete"), done
         assert done.request_complete.usage.completion_tokens == 10 == len(client.tokens[rid])
         assert done.request_complete.finish_reason == pb.FINISH_REASON_LENGTH
-    for response in client.responses:  # one ResultTokens per frame, one row per request
-        frames = [e.result_tokens for e in response.envelopes if e.HasField("result_tokens")]
-        assert len(frames) <= 1
-        if frames:
-            assert len(set(frames[0].request_ids)) == len(frames[0].request_ids)
-            assert response.envelopes[0].HasField("result_tokens")
+    for response in client.responses:  # one SIGNAL_STEP ResultTokens per message, one row per request
+        steps = [f.result_tokens for f in response.frames
+                 if f.HasField("result_tokens") and f.result_tokens.signal == gen_pb2.SIGNAL_STEP]
+        assert len(steps) <= 1
+        if steps:
+            assert len(set(steps[0].request_ids)) == len(steps[0].request_ids)
+            assert response.frames[0].HasField("result_tokens")
     # a request's last token and its RequestComplete travel in the same StreamResponse
-    last = [r for r in client.responses if any(e.HasField("request_complete") for e in r.envelopes)]
+    last = [r for r in client.responses if any(f.HasField("request_complete") for f in r.frames)]
     for response in last:
-        rows = set(response.envelopes[0].result_tokens.request_ids)
-        assert {e.request_complete.request_id for e in response.envelopes if e.HasField("request_complete")} <= rows
+        rows = set(response.frames[0].result_tokens.request_ids)
+        assert {f.request_complete.request_id for f in response.frames if f.HasField("request_complete")} <= rows
     client.close()
     assert client.error is None
 
@@ -77,16 +79,34 @@ def test_malformed_requests_fail_alone(server):
         start("long", list(range(3, 300))),
         start("ok2", prompt(2), max_tokens=6),
     )
-    client.send(start("ok", prompt(1)))  # duplicate id while running
     assert client.wait_ended(["ok", "ok2", "vocab", "temp", "long"])
     assert client.ends["ok2"].HasField("request_complete")
     for rid in ("vocab", "temp", "long"):
         failed = client.ends[rid].request_failed
         assert failed.code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and failed.http_status == 400, failed
     assert client.ends["long"].request_failed.reason == "PROMPT_TOO_LONG"
-    assert [d.request_id for d in client.duplicates] == ["ok"]
-    assert client.ends["ok"].HasField("request_complete")
+    assert client.ends["temp"].request_failed.reason == "INVALID_FIELD"
+    assert "temperature" in client.ends["temp"].request_failed.message
     client.close()
+    assert client.error is None
+
+
+def test_a_start_reusing_a_running_id_ends_it_with_one_terminal_event(server):
+    # Issue 13, finding 6 (internal stream): refusing only the duplicate let the running request
+    # keep streaming under an id that had already received a terminal RequestFailed.
+    client = StreamClient(server)
+    client.send(start("dup", prompt(1), max_tokens=200, ignore_eos=True))
+    assert client.wait(lambda c: len(c.tokens.get("dup", [])) >= 2)
+    client.send(start("dup", prompt(2), max_tokens=5))
+    assert client.wait_ended(["dup"])
+    failed = client.ends["dup"].request_failed
+    assert failed.code == grpc.StatusCode.ALREADY_EXISTS.value[0], failed
+    tokens_at_end = len(client.tokens["dup"])
+    client.send(start("after", prompt(3), max_tokens=3))  # the stream keeps serving
+    assert client.wait_ended(["after"])
+    assert len(client.tokens["dup"]) == tokens_at_end  # the client asserts no row after the terminal
+    client.close()
+    assert client.error is None
 
 
 def test_streamed_input_generates_after_the_input_ends(server):
@@ -100,11 +120,67 @@ def test_streamed_input_generates_after_the_input_ends(server):
     client.close()
 
 
-def test_a_result_envelope_from_the_client_ends_the_stream(server):
+def test_an_empty_frame_ends_the_stream_invalid_argument(server):
     client = StreamClient(server)
-    client.send(pb.Envelope(result_tokens=pb.ResultTokens()))
+    client.send(gen_pb2.ClientFrame())
     assert client.wait(lambda c: c.error is not None)
     assert client.error.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_frame_out_of_bounds_fails_only_its_request(server):
+    client = StreamClient(server)
+    big_stop = start("bad", prompt(1))
+    big_stop.preprocess_input.model_kwargs.sampling.stop_token_ids.extend(range(3, 100))  # > 64 declared
+    client.send(start("good", prompt(2), max_tokens=4), big_stop)
+    assert client.wait_ended(["good", "bad"])
+    failed = client.ends["bad"].request_failed
+    assert failed.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "model_kwargs.sampling.stop_token_ids" in failed.message
+    assert client.ends["good"].HasField("request_complete")
+    client.close()
+    assert client.error is None
+
+
+def test_an_out_of_bounds_request_id_ends_the_stream_without_echoing_it(server):
+    # Issue 13, finding 1: ids are repeated in every step frame; an unbounded one could push a
+    # frame past the message limit and break the stream for every request on it.
+    client = StreamClient(server)
+    client.send(start("x" * 100_000, prompt(1)))
+    assert client.wait(lambda c: c.error is not None)
+    assert client.error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "frames[0].preprocess_input.request_id" in client.error.details()
+    assert len(client.error.details()) < 300
+
+
+def test_an_undecodable_frame_ends_the_stream_invalid_argument(server):
+    # Issue 13, finding 5: garbage bytes used to stop the server reading the stream without
+    # ending it, so the client hung until its deadline.
+    with grpc.insecure_channel(f"127.0.0.1:{server}") as channel:
+        call = channel.stream_stream(
+            "/mstar.generation.v1.GenerationService/Stream",
+            request_serializer=lambda raw: raw, response_deserializer=gen_pb2.StreamResponse.FromString,
+        )(iter([b"\x0a\xff\xff\xff\xff\x0f garbage"]), timeout=20)
+        try:
+            list(call)
+            raise AssertionError("the stream ended OK")
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, exc
+            assert "StreamRequest" in exc.details()
+
+
+def test_a_long_prefill_sends_heartbeat_frames(tiny_model_dir):
+    proc, port = start_server(tiny_model_dir, "--kv-blocks", "256", "--block-size", "4",
+                              "--max-batched-tokens", "16")
+    try:
+        client = StreamClient(port)
+        client.send(start("long", [(7 * j) % 500 + 3 for j in range(100)], max_tokens=2))
+        assert client.wait_ended(["long"])
+        # 100 prompt tokens in 16-token chunks: 6 steps prefill only, the 7th samples.
+        assert client.heartbeats.get("long", 0) >= 5, client.heartbeats
+        assert client.ends["long"].HasField("request_complete")
+        client.close()
+    finally:
+        stop_server(proc)
 
 
 def test_same_request_id_on_two_streams_does_not_collide(server):

@@ -9,16 +9,17 @@ from __future__ import annotations
 import asyncio
 
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from mstar.v1 import generation_service_pb2 as gen_pb2
-from mstar.v1 import generation_service_pb2_grpc as gen_grpc
+from mstar.generation.v1 import generation_service_pb2 as gen_pb2
+from mstar.generation.v1 import generation_service_pb2_grpc as gen_grpc
 from mstar.v1 import messages_pb2 as pb
 
 
 class FakeGeneration(gen_grpc.GenerationServiceServicer):
     def __init__(self, step_s: float = 0.002) -> None:
         self.step_s = step_s
-        self.aborted: list[str] = []
+        self.aborted: list[str] = []  # public request ids (the internal start's client_request_id)
         self.live: set[str] = set()
+        self.public_id: dict[str, str] = {}  # internal key -> public request id
 
     async def Stream(self, request_iterator, context):
         requests: dict[str, dict] = {}
@@ -26,8 +27,8 @@ class FakeGeneration(gen_grpc.GenerationServiceServicer):
 
         async def read():
             async for frame in request_iterator:
-                for env in frame.envelopes:
-                    kind = env.WhichOneof("payload")
+                for env in frame.frames:
+                    kind = env.WhichOneof("frame")
                     if kind == "preprocess_input":
                         m = env.preprocess_input
                         ids = [i for p in m.prompt_parts for i in p.token_ids.ids]
@@ -39,6 +40,7 @@ class FakeGeneration(gen_grpc.GenerationServiceServicer):
                             "open": bool(m.input_modalities),
                         }
                         self.live.add(m.request_id)
+                        self.public_id[m.request_id] = m.client_request_id
                     elif kind == "client_append":
                         r = requests.get(env.client_append.request_id)
                         if r is not None:
@@ -46,7 +48,7 @@ class FakeGeneration(gen_grpc.GenerationServiceServicer):
                             if env.client_append.ends:
                                 r["open"] = False
                     elif kind == "abort":
-                        self.aborted.append(env.abort.request_id)
+                        self.aborted.append(self.public_id.get(env.abort.request_id, env.abort.request_id))
                         r = requests.pop(env.abort.request_id, None)
                         self.live.discard(env.abort.request_id)
                         if r is not None:  # like the engine: an aborted request ends cancelled
@@ -62,10 +64,10 @@ class FakeGeneration(gen_grpc.GenerationServiceServicer):
             while True:
                 while cancelled:
                     key, r = cancelled.pop(0)
-                    yield gen_pb2.StreamResponse(envelopes=[_complete(key, pb.FINISH_REASON_CANCELLED, r)])
+                    yield gen_pb2.StreamResponse(frames=[_complete(key, pb.FINISH_REASON_CANCELLED, r)])
                 if interval_ms and asyncio.get_running_loop().time() >= status_due:
                     status_due += interval_ms / 1000
-                    yield gen_pb2.StreamResponse(envelopes=[pb.Envelope(conductor_status=pb.ConductorStatus())])
+                    yield gen_pb2.StreamResponse(frames=[gen_pb2.ServerFrame(conductor_status=gen_pb2.ConductorStatus())])
                 ready = {k: r for k, r in requests.items() if not r["open"]}
                 if not ready:
                     wake.clear()
@@ -95,30 +97,30 @@ class FakeGeneration(gen_grpc.GenerationServiceServicer):
                         requests.pop(key)
                         self.live.discard(key)
                 envs = [
-                    pb.Envelope(
-                        result_tokens=pb.ResultTokens(
+                    gen_pb2.ServerFrame(
+                        result_tokens=gen_pb2.ResultTokens(
                             step=step,
                             request_ids=[k for k, _, _ in rows],
                             token_ids=[t for _, t, _ in rows],
                             loop_indices=[i for _, _, i in rows],
-                            signal=pb.SIGNAL_STEP,
+                            signal=gen_pb2.SIGNAL_STEP,
                             modality=pb.MODALITY_TOKENS,
                         )
                     )
                 ]
                 for key, reason, r in done:
                     envs.append(_complete(key, reason, r))
-                yield gen_pb2.StreamResponse(envelopes=envs)
+                yield gen_pb2.StreamResponse(frames=envs)
         finally:
             reader.cancel()
             for key in requests:
                 self.live.discard(key)
 
 
-def _complete(key: str, reason: int, r: dict) -> pb.Envelope:
+def _complete(key: str, reason: int, r: dict) -> gen_pb2.ServerFrame:
     """A RequestComplete with the usage and timings the engine would report (the fake's own clock:
     one step per token; the prompt's first 2 tokens count as cached)."""
-    return pb.Envelope(request_complete=pb.RequestComplete(
+    return gen_pb2.ServerFrame(request_complete=pb.RequestComplete(
         request_id=key, finish_reason=reason,
         usage=pb.Usage(prompt_tokens=len(r["prompt"]), completion_tokens=r["out"],
                        cached_prompt_tokens=min(2, len(r["prompt"]))),

@@ -194,12 +194,14 @@ def test_file_path_traversal_rejected(loop, model, tmp_path):
             "fifo",
             "big.txt",
             str(tmp_path / "secret.txt"),
-            "",
             "missing.txt",
         ]:
             with pytest.raises(grpc.RpcError) as info:
                 run(bad)
             assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED, bad
+        with pytest.raises(grpc.RpcError) as info:
+            run("")  # out of the declared bounds (min_len 1): refused before the file reader
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         pre.close()
         loop.run(server.stop(None))

@@ -46,3 +46,36 @@ def test_http_mapping_matches_envoy():
 
 def test_every_code_has_an_http_status():
     assert set(errors.HTTP_STATUS) == set(errors.Code)
+
+
+def test_an_unset_or_unknown_failure_code_reads_as_internal_never_ok():
+    # Issue 13, finding 7: a RequestFailed with code 0 used to become OK / HTTP 200.
+    assert errors.from_code(0) == errors.Code.INTERNAL
+    assert errors.from_code(99) == errors.Code.INTERNAL
+    assert errors.from_code(3) == errors.Code.INVALID_ARGUMENT
+
+
+def test_errors_never_carry_unbounded_client_input():
+    # Issue 13, finding 10: a 1 MB value echoed into a status made Envoy reset the shared
+    # upstream connection. Every string an error carries is capped, whatever the call site did.
+    huge = "x" * 1_000_000
+    err = errors.invalid_argument(huge, f"bad value {huge}")
+    status = errors.to_rpc_status(err)
+    assert len(status.message) <= errors.MAX_MESSAGE_CHARS
+    violation = _details(status)["BadRequest"].field_violations[0]
+    assert len(violation.field) <= errors.MAX_FIELD_CHARS and len(violation.description) <= errors.MAX_FIELD_CHARS
+    assert all(len(v) <= errors.MAX_FIELD_CHARS for v in err.metadata.values())
+    assert len(status.SerializeToString()) < 4096
+
+
+def test_quote_shows_a_short_escaped_prefix_and_the_length():
+    assert errors.quote("model-a") == "'model-a'"
+    shown = errors.quote("a\nb\x00" + "z" * 1000 + "\ud800")
+    assert "\n" not in shown and "\x00" not in shown and "1005 characters" in shown and len(shown) < 100
+    assert errors.field_name("max_token") == "max_token"  # plain keys stay readable
+    assert errors.field_name("k" * 500).endswith("(500 characters)")
+
+
+def test_a_lone_surrogate_in_a_message_cannot_break_the_status():
+    err = errors.invalid_argument("body", "bad \ud800 text")
+    errors.to_rpc_status(err).SerializeToString()  # used to raise UnicodeEncodeError -> UNKNOWN

@@ -31,6 +31,7 @@ def test_make_proto_fails_loudly_on_a_broken_proto(tmp_path):
     for name in ["Makefile", "buf.yaml", "requirements.txt", "requirements-dev.txt"]:
         shutil.copy(ROOT / name, tmp_path / name)
     shutil.copytree(ROOT / "protos", tmp_path / "protos")
+    shutil.copytree(ROOT / "third_party", tmp_path / "third_party")
     (tmp_path / "build").mkdir()
     shutil.copytree(ROOT / "build" / "googleapis", tmp_path / "build" / "googleapis")
     broken = tmp_path / "protos" / "mstar" / "v1" / "messages.proto"
@@ -43,3 +44,19 @@ def test_make_proto_fails_loudly_on_a_broken_proto(tmp_path):
     result = _run("make", "-o", ".venv/.setup-stamp", "-o", "build/googleapis/.stamp", "proto", cwd=tmp_path)
     assert result.returncode != 0
     assert "messages.proto" in result.stderr and "Expected" in result.stderr, result.stderr
+
+
+def test_breaking_check_judges_each_package_and_honours_only_listed_breaks(monkeypatch, capsys):
+    sys.path.insert(0, str(ROOT / "protos"))
+    import check_breaking
+
+    listed = {"type": "MESSAGE_NO_DELETE", "path": "protos/mstar/v1/messages.proto",
+              "message": 'Previously present message "Envelope" was deleted from file.'}
+    unlisted = {"type": "FIELD_NO_DELETE", "path": "protos/mstar/generation/v1/generation_service.proto",
+                "message": 'Previously present field "1" with name "frames" on message "StreamRequest" was deleted.'}
+    monkeypatch.setattr(check_breaking, "violations", lambda against: [listed])
+    assert check_breaking.main("base") == 0
+    monkeypatch.setattr(check_breaking, "violations", lambda against: [listed, unlisted])
+    assert check_breaking.main("base") == 1
+    out = capsys.readouterr().out
+    assert "mstar.v1 (public): OK (1 allowed" in out and "mstar.generation.v1 (internal): BREAKING" in out

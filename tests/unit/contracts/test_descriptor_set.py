@@ -30,7 +30,7 @@ def file_set():
 def test_descriptor_set_includes_imports_and_rich_error_protos(file_set):
     for name in ["google/api/annotations.proto", "google/api/http.proto", "google/api/httpbody.proto",
                  "google/rpc/status.proto", "google/rpc/error_details.proto",
-                 "google/protobuf/struct.proto", "mstar/v1/messages.proto"]:
+                 "google/protobuf/struct.proto", "mstar/v1/messages.proto", "buf/validate/validate.proto"]:
         assert name in file_set, f"{name} missing: Envoy cannot build its pool / render rich errors"
 
 
@@ -46,7 +46,7 @@ def test_descriptor_set_builds_a_pool_with_both_services(file_set):
                 progressed = True
         assert progressed, f"unresolvable imports in {sorted(pending)}"
     assert pool.FindServiceByName("mstar.v1.InferenceService")
-    assert pool.FindServiceByName("mstar.v1.GenerationService")
+    assert pool.FindServiceByName("mstar.generation.v1.GenerationService")
     assert pool.FindMessageTypeByName("google.rpc.Status")
 
 

@@ -1,36 +1,42 @@
-"""The contract: every vocabulary message exists and survives a wire round trip."""
+"""The contract: every vocabulary message exists and survives a wire round trip; the internal
+stream's frames are typed by direction."""
 
 import struct
 
 import pytest
 from google.protobuf import descriptor_pb2, timestamp_pb2
-from mstar.v1 import generation_service_pb2 as gen_pb2
+from mstar.generation.v1 import generation_service_pb2 as gen_pb2
 from mstar.v1 import inference_service_pb2 as inf_pb2
 from mstar.v1 import messages_pb2 as pb
 
-VOCABULARY = [
-    "PreprocessInput",
-    "ClientAppend",
-    "ResultTokens",
-    "ResultChunk",
-    "ResultTensors",
-    "RequestComplete",
-    "RequestFailed",
-    "ConductorStatus",
-    "DataWorkerProfile",
-    "Envelope",
-]
+SHARED = ["PreprocessInput", "ClientAppend", "ResultChunk", "ResultTensors", "RequestComplete", "RequestFailed",
+          "DataWorkerProfile"]
+INTERNAL = ["ClientFrame", "ServerFrame", "Abort", "ResultTokens", "ConductorStatus"]
 
 
-@pytest.mark.parametrize("name", VOCABULARY)
-def test_vocabulary_message_exists(name):
+@pytest.mark.parametrize("name", SHARED)
+def test_shared_vocabulary_message_exists(name):
     assert name in pb.DESCRIPTOR.message_types_by_name
 
 
-def test_envelope_carries_every_vocabulary_message():
-    oneof = pb.Envelope.DESCRIPTOR.oneofs_by_name["payload"]
-    carried = {f.message_type.name for f in oneof.fields}
-    assert set(VOCABULARY) - {"Envelope"} <= carried
+@pytest.mark.parametrize("name", INTERNAL)
+def test_internal_message_lives_in_the_internal_package_only(name):
+    assert name in gen_pb2.DESCRIPTOR.message_types_by_name
+    assert name not in pb.DESCRIPTOR.message_types_by_name
+
+
+def _carried(message) -> set[str]:
+    oneof = message.DESCRIPTOR.oneofs_by_name["frame"]
+    return {f.message_type.full_name for f in oneof.fields}
+
+
+def test_frames_are_typed_by_direction():
+    # Issue 13: a wrong-direction message must not be expressible on the internal stream.
+    assert _carried(gen_pb2.ClientFrame) == {
+        "mstar.v1.PreprocessInput", "mstar.v1.ClientAppend", "mstar.generation.v1.Abort"}
+    assert _carried(gen_pb2.ServerFrame) == {
+        "mstar.generation.v1.ResultTokens", "mstar.v1.RequestComplete", "mstar.v1.RequestFailed",
+        "mstar.v1.ResultTensors", "mstar.generation.v1.ConductorStatus"}
 
 
 def _roundtrip(msg):
@@ -71,12 +77,12 @@ def test_client_append_roundtrip():
 
 
 def test_result_tokens_frame_carries_many_requests():
-    frame = pb.ResultTokens(
+    frame = gen_pb2.ResultTokens(
         step=42,
         request_ids=["a", "b", "c"],
         token_ids=[11, 22, 33],
         loop_indices=[0, 5, 9],
-        signal=pb.SIGNAL_STEP,
+        signal=gen_pb2.SIGNAL_STEP,
         modality=pb.MODALITY_TOKENS,
         metadata={"batch_tokens": "3"},
         logprobs=[pb.TokenLogprobs(logprob=-0.1, top_token_ids=[11], top_logprobs=[-0.1]),
@@ -120,12 +126,13 @@ def test_terminal_and_status_messages_roundtrip():
             stop_reason="\n\n",
         )
     )
-    _roundtrip(pb.RequestFailed(request_id="r", message="too long", code=3, http_status=400, reason="PROMPT_TOO_LONG"))
+    _roundtrip(pb.RequestFailed(request_id="r", message="too long", code=3, http_status=400, reason="PROMPT_TOO_LONG",
+                                client_request_id="mine"))
     _roundtrip(
-        pb.ConductorStatus(
+        gen_pb2.ConductorStatus(
             time=now,
-            metrics=[pb.MetricSnapshot(family="mstar_generation", name="kv_blocks_used",
-                                       kind=pb.METRIC_KIND_GAUGE, labels={"pool": "0"}, value=12)],
+            metrics=[gen_pb2.MetricSnapshot(family="mstar_generation", name="kv_blocks_used",
+                                            kind=gen_pb2.METRIC_KIND_GAUGE, value=12)],
         )
     )
     _roundtrip(
@@ -135,15 +142,16 @@ def test_terminal_and_status_messages_roundtrip():
     )
 
 
-def test_stream_frames_hold_several_envelopes():
+def test_a_stream_response_holds_several_frames():
     resp = gen_pb2.StreamResponse(
-        envelopes=[
-            pb.Envelope(result_tokens=pb.ResultTokens(step=1, request_ids=["a"], token_ids=[5], loop_indices=[0])),
-            pb.Envelope(request_complete=pb.RequestComplete(request_id="a")),
+        frames=[
+            gen_pb2.ServerFrame(result_tokens=gen_pb2.ResultTokens(step=1, request_ids=["a"], token_ids=[5],
+                                                                   loop_indices=[0])),
+            gen_pb2.ServerFrame(request_complete=pb.RequestComplete(request_id="a")),
         ]
     )
     again = _roundtrip(resp)
-    assert [e.WhichOneof("payload") for e in again.envelopes] == ["result_tokens", "request_complete"]
+    assert [f.WhichOneof("frame") for f in again.frames] == ["result_tokens", "request_complete"]
 
 
 def test_public_rpcs_have_their_own_messages():
@@ -157,3 +165,5 @@ def test_public_rpcs_have_their_own_messages():
     proto = descriptor_pb2.FileDescriptorProto()
     inf_pb2.DESCRIPTOR.CopyToProto(proto)
     assert proto.package == "mstar.v1"
+    gen_pb2.DESCRIPTOR.CopyToProto(proto)
+    assert proto.package == "mstar.generation.v1"

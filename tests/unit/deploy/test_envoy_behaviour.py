@@ -147,3 +147,105 @@ def test_native_routes_answer_wrong_method_with_405_in_status_shape(envoy):
     assert reply.status_code == 405 and reply.headers["allow"] == "POST"
     body = reply.json()
     assert body["code"] == 12 and body["details"][0]["reason"] == "METHOD_NOT_ALLOWED"
+
+
+# ---- request hygiene (deploy/envoy/request_hygiene.lua; issue 13, findings 4 and 12)
+
+
+def test_an_invalid_grpc_timeout_is_a_400_for_that_request_only(envoy):
+    # Forwarded as it was, it broke the upstream's header decoding: a 500, and other clients'
+    # requests on the shared connection failed INTERNAL. Bad and good requests interleave here.
+    import concurrent.futures
+
+    def call(i):
+        bad = i % 3 == 0
+        headers = {"grpc-timeout": ["abc", "-1S", "1", "123456789S"][i % 4]} if bad else {}
+        return bad, httpx.post(envoy + "/v1/generate", json={"text": "hi"}, headers=headers, timeout=20)
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(call, range(60)))
+    for bad, reply in results:
+        if bad:
+            assert reply.status_code == 400 and reply.json()["code"] == 3, reply.text
+            assert "grpc-timeout" in reply.json()["message"]
+        else:
+            assert reply.status_code == 200, reply.text
+    ok = httpx.post(envoy + "/v1/generate", json={"text": "hi"}, headers={"grpc-timeout": "30S"}, timeout=20)
+    assert ok.status_code == 200
+    openai = httpx.post(envoy + "/v1/completions", json={"prompt": "hi"}, headers={"grpc-timeout": "x"}, timeout=20)
+    assert openai_error(openai, 400)["message"].startswith("invalid grpc-timeout")
+
+
+@pytest.mark.parametrize("verb", ["cancel", "append"])
+def test_an_over_long_or_odd_id_in_a_path_is_a_400_not_a_retryable_429(envoy, verb):
+    for rid in ("a" * 20_000, "a" * 129, "a%20b", "a:b"):
+        reply = httpx.post(f"{envoy}/v1/requests/{rid}:{verb}", json={}, timeout=10)
+        assert reply.status_code == 400, (rid[:20], reply.status_code, reply.text[:200])
+        assert reply.json()["code"] == 3 and len(reply.text) < 400
+    reply = httpx.post(f"{envoy}/v1/requests/req-1.x_y~z:cancel", json={}, timeout=10)
+    assert reply.status_code == 200 and reply.json()["request_id"] == "req-1.x_y~z"
+
+
+def test_oversized_headers_are_a_per_request_431(envoy):
+    for headers in ({"x-big": "a" * 70_000}, {f"x-h{i}": "a" * 1000 for i in range(70)}):
+        reply = httpx.get(envoy + "/v1/models", headers=headers, timeout=10)
+        assert reply.status_code == 431 and reply.json()["code"] == 8, reply.text[:200]
+    target = envoy.removeprefix("http://")
+    with grpc.insecure_channel(target) as channel:  # HTTP/2: one stream refused, not the connection
+        stub = ipb_grpc.InferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ListModels(ipb.ListModelsRequest(), metadata=(("x-big", "a" * 70_000),), timeout=5)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value
+        assert "request headers are" in info.value.details()
+        assert stub.ListModels(ipb.ListModelsRequest(), timeout=5).data[0].id == "fake"
+
+
+def test_lone_surrogates_in_json_bodies_are_a_400_without_python_text(envoy):
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "a\\ud800b"}]}'
+    reply = httpx.post(envoy + "/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    err = openai_error(reply, 400)
+    assert err["code"] == "invalid_json" and "surrogate" in err["message"]
+    assert "Error" not in err["message"] and "codec" not in err["message"]
+    native = httpx.post(envoy + "/v1/generate", content=b'{"text": "a\\udc00"}',
+                        headers={"content-type": "application/json"})
+    assert native.status_code == 400 and native.json()["code"] == 3
+
+
+def test_undecodable_protobuf_on_the_public_port_is_invalid_argument(envoy):
+    with grpc.insecure_channel(envoy.removeprefix("http://")) as channel:
+        raw = channel.unary_unary("/mstar.v1.InferenceService/Generate",
+                                  request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError) as info:
+            raw(b"\x0a\xff\xff\xff\xff\x0f garbage", timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # was UNKNOWN (HTTP 500)
+
+
+def _curl_grpc(envoy: str, *headers: str, body: bool = True) -> dict[str, str]:
+    """One gRPC call (an empty ListModelsRequest, or no message at all) over h2c with exactly these
+    headers. Without a body the call is one HEADERS frame: a reply Envoy sends before reading a body
+    would otherwise race curl's upload (curl then reports the stream closed, not the reply)."""
+    import shutil
+
+    if shutil.which("curl") is None:
+        pytest.skip("curl not installed")
+    data = ["--data-binary", "@-"] if body else ["-X", "POST"]
+    result = subprocess.run(
+        ["curl", "-sv", "--http2-prior-knowledge", "-o", "/dev/null", *data,
+         *[arg for h in headers for arg in ("-H", h)], envoy + "/mstar.v1.InferenceService/ListModels"],
+        input=b"\x00\x00\x00\x00\x00" if body else b"", capture_output=True, timeout=20)
+    # -v shows headers and trailers alike (a trailers-only reply has no separate trailer block).
+    lines = [line[2:] for line in result.stderr.decode().splitlines() if line.startswith("< ")]
+    found = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines if ":" in line)}
+    assert "grpc-status" in found, result.stderr.decode()[-2000:]
+    return found
+
+
+def test_grpc_without_te_trailers_is_served(envoy):
+    # The upstream reset such a stream: the client saw UNAVAILABLE, as if the server were down.
+    assert _curl_grpc(envoy, "content-type: application/grpc")["grpc-status"] == "0"
+
+
+def test_grpc_json_is_a_clear_invalid_argument(envoy):
+    trailers = _curl_grpc(envoy, "content-type: application/grpc+json", "te: trailers", body=False)
+    assert trailers["grpc-status"] == "3" and "application/grpc+proto" in trailers["grpc-message"]
+    assert _curl_grpc(envoy, "content-type: application/grpc+proto", "te: trailers")["grpc-status"] == "0"

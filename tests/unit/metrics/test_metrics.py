@@ -7,6 +7,7 @@ import logging
 import urllib.request
 from types import SimpleNamespace
 
+from mstar.generation.v1 import generation_service_pb2
 from mstar.v1 import messages_pb2
 from prometheus_client import generate_latest
 
@@ -99,19 +100,19 @@ def test_preprocess_request_done_and_json_log(caplog):
 
 def test_conductor_status_export():
     m = PreprocessMetrics()
-    status = messages_pb2.ConductorStatus()
+    status = generation_service_pb2.ConductorStatus()
     status.time.FromSeconds(1_700_000_000)
-    g = status.metrics.add(family="mstar_generation", name="kv_blocks_used", value=12,
-                           kind=messages_pb2.METRIC_KIND_GAUGE)
-    g.labels["pool"] = "main"
-    status.metrics.add(family="mstar_generation", name="steps", value=99, kind=messages_pb2.METRIC_KIND_COUNTER)
+    status.metrics.add(family="mstar_generation", name="kv_blocks_used", value=12,
+                       kind=generation_service_pb2.METRIC_KIND_GAUGE)
+    status.metrics.add(family="mstar_generation", name="steps", value=99,
+                       kind=generation_service_pb2.METRIC_KIND_COUNTER)
     m.on_conductor_status(status)
-    assert value(m, "mstar_conductor_kv_blocks_used", {"pool": "main"}) == 12
+    assert value(m, "mstar_conductor_kv_blocks_used") == 12
     assert value(m, "mstar_conductor_steps_total") == 99
     assert value(m, "mstar_conductor_status_time_seconds") == 1_700_000_000
     # A newer snapshot replaces the old one wholesale.
-    m.on_conductor_status(messages_pb2.ConductorStatus())
-    assert value(m, "mstar_conductor_kv_blocks_used", {"pool": "main"}) is None
+    m.on_conductor_status(generation_service_pb2.ConductorStatus())
+    assert value(m, "mstar_conductor_kv_blocks_used") is None
     assert conductor_metric_name("a.b-c_total") == "mstar_conductor_a_b_c"
 
 

@@ -50,3 +50,59 @@ def test_a_reader_over_the_bound_is_failed_slow_consumer_and_aborted_in_the_engi
     request.deliver(TokenStep(9))  # the engine's late tokens and finish are dropped after the end
     request.deliver(BackendFinished("length"))
     assert request.queue.empty()
+
+
+def test_a_request_failed_with_an_unset_code_is_internal_never_ok():
+    # Issue 13, finding 7: code 0 became Code.OK, which the HTTP surfaces showed as 200.
+    from mstar.generation.v1 import generation_service_pb2 as gen_pb2
+    from mstar.v1 import messages_pb2 as pb
+
+    backend, request, _ = backend_with_request(queue_size=4)
+    failed = pb.RequestFailed(request_id="r#0", message="lost its code")
+    backend._dispatch(gen_pb2.StreamResponse(frames=[gen_pb2.ServerFrame(request_failed=failed)]))
+    (event,) = drain(request)
+    assert event.error.code == Code.INTERNAL and event.error.http_status == 500
+
+
+def test_internal_keys_stay_short_whatever_id_the_client_chose():
+    # Issue 13, finding 1: every engine-step frame repeats the key of every running row.
+    from mstar.generation.v1 import generation_service_pb2 as gen_pb2
+
+    backend = GenerationBackend("127.0.0.1:1")
+    sent = []
+    backend._healthy, backend._outbox = True, object()  # pretend connected; capture frames instead
+    backend._send = sent.append
+    from services.preprocess.request import Sampling
+
+    request = backend.submit("c" * 128, [1, 2], Sampling(), 4, input_open=False)
+    (frame,) = sent
+    assert isinstance(frame, gen_pb2.ClientFrame)
+    assert len(request.key) <= 12 and frame.preprocess_input.request_id == request.key
+    assert frame.preprocess_input.client_request_id == "c" * 128  # the public id, for the logs
+
+
+def test_a_burst_is_sent_in_bounded_messages():
+    # A burst of requests must never build one StreamRequest near the 16 MB limit: that would
+    # break the stream every request shares.
+    import asyncio
+
+    from mstar.generation.v1 import generation_service_pb2 as gen_pb2
+    from mstar.v1 import messages_pb2 as pb
+
+    from services.preprocess.backend import _frames
+
+    async def scenario():
+        outbox: asyncio.Queue = asyncio.Queue()
+        big = pb.PreprocessInput(request_id="k", prompt_parts=[pb.PromptPart(token_ids=pb.TokenIds(ids=[7] * 100_000))])
+        for _ in range(60):  # 60 x ~200 KB
+            outbox.put_nowait(gen_pb2.ClientFrame(preprocess_input=big))
+        for _ in range(5000):
+            outbox.put_nowait(gen_pb2.ClientFrame(abort=gen_pb2.Abort(request_id="k")))
+        outbox.put_nowait(None)
+        # Sizes only: asyncio.run's teardown reprs the task result, and a repr of 12 MB of
+        # messages takes seconds.
+        return [(len(m.frames), m.ByteSize()) async for m in _frames(outbox)]
+
+    sizes = asyncio.run(scenario())
+    assert sum(n for n, _ in sizes) == 5060
+    assert all(n <= 1024 and size < 2 * 1024 * 1024 for n, size in sizes), sizes
