@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch import Launch, Target, run
+from kernels.launch import Launch, Target, run, warps_for
 from kernels.reference.kv_cache import store_kv_ref
 
 __all__ = ["plan_store_kv", "store_kv", "store_kv_ref"]
@@ -70,10 +70,10 @@ def plan_store_kv(
         raise ValueError(f"slot_mapping must be int64 [{n_tokens}], got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
     if n_tokens == 0:
         return []
+    block_heads, block_d = triton.next_power_of_2(n_heads), triton.next_power_of_2(head_dim)
     return [Launch(
         _store_kv_kernel, (n_tokens,),
         (k, v, k_cache, v_cache, slot_mapping.contiguous(), n_heads, head_dim, k_cache.shape[1],
          k.stride(0), k.stride(1), v.stride(0), v.stride(1), *k_cache.stride()),
-        dict(BLOCK_HEADS=triton.next_power_of_2(n_heads), BLOCK_D=triton.next_power_of_2(head_dim)),
-        num_warps=4, num_stages=1,
+        dict(BLOCK_HEADS=block_heads, BLOCK_D=block_d), num_warps=warps_for(block_heads * block_d, 8), num_stages=1,
     )]

@@ -63,6 +63,15 @@ class Launch:
         self.kernel[self.grid](*self.args, **self.meta, num_warps=self.num_warps, num_stages=self.num_stages)
 
 
+def warps_for(elements: int, per_thread: int) -> int:
+    """Warps for a one-tile program of ``elements``: ~per_thread elements each, 4 to 16 warps.
+
+    A single-tile kernel holds its tile in registers; with a fixed 4 warps a large tile (RoPE on 64
+    heads x 64, a 32 x 128 fp32 KV row) needs 80-120 registers a thread and halves occupancy.
+    """
+    return min(16, max(4, elements // (32 * per_thread)))
+
+
 def run(result: T, launches: Sequence[Launch]) -> T:
     for launch in launches:
         launch()

@@ -14,7 +14,7 @@ Design (FlashAttention-2 style online softmax, fp32 accumulate, exp2 with log2(e
     tokens of ONE sequence times the G query heads sharing that KV head (padded to a power of 2),
     so each K/V tile is loaded once for the whole GQA group. Decode rows (q_len 1) use BLOCK_Q so
     that BLOCK_M = 16 (tl.dot's minimum), prefill-bearing batches use BLOCK_M = 64 (32 in fp32,
-    whose IEEE dot runs on FMA units and holds 4x the registers). Tile sizes, warps and stages come
+    whose IEEE dot runs on FMA units and needs more registers). Tile sizes, warps and stages come
     from `_tiles`, chosen from the AOT compile gate's register/spill report (docs/kernels.md).
   * No host sync: the grid has T // BLOCK_Q + B query tiles (an upper bound on
     sum_i ceil(q_len_i / BLOCK_Q)); a program finds its sequence by binary search over
@@ -201,17 +201,24 @@ def choose_num_splits(num_programs: int, max_context: int, target: Target) -> in
 def _tiles(all_decode: bool, block_d: int, dtype: torch.dtype, target: Target) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages): the largest tiles that compile without spills.
 
-    From the AOT gate's report (docs/kernels.md, sm_90 and sm_80): decode keeps 4 warps and halves
-    BLOCK_N at D = 128 (BLOCK_N 64 there needs 160 registers, 32 needs 80-96); prefill uses 8 warps
-    (4 warps spill at D = 128 on sm_80); fp32's IEEE dot runs on FMA units and needs 4x the
-    registers of a tensor-core tile, so it gets BLOCK_N 32 and BLOCK_M 32.
+    From the AOT gate's sweeps over every supported head layout on sm_90 and sm_80 (the table in
+    docs/kernels.md has the result): decode keeps 4 warps and halves BLOCK_N at D = 128 (BLOCK_N 64
+    needs ~160 registers there, 32 needs 80-96). Prefill at D = 128 runs 4 warps, BLOCK_N 32 and 2
+    stages: with 8 warps ptxas holds sm_80 programs to 128 registers and spills at GQA 1 and 8.
+    fp32's IEEE dot runs on FMA units and needs far more registers than a tensor-core tile:
+    BLOCK_N 16 and 2 stages for decode (BLOCK_N 32 takes 160-255 registers on sm_90), 32 x 32 tiles
+    on 8 warps for prefill.
     """
     fp32 = dtype == torch.float32
-    block_m = 16 if all_decode else (32 if fp32 else 64)
-    block_n = 64 if block_d <= 64 and not fp32 else 32
+    if all_decode:
+        block_m, block_n, num_warps, num_stages = (16, 16, 4, 2) if fp32 else (16, 64 if block_d <= 64 else 32, 4, 3)
+    elif fp32:
+        block_m, block_n, num_warps, num_stages = 32, 32, 8, 3
+    else:
+        block_m, block_n, num_warps, num_stages = (64, 64, 8, 3) if block_d <= 64 else (64, 32, 4, 2)
     if not target.compiled:
         block_n = 16  # the interpreter's cost is per element: smallest tiles
-    return block_m, block_n, 4 if all_decode else 8, 3
+    return block_m, block_n, num_warps, num_stages
 
 
 def paged_attention(

@@ -15,13 +15,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch import Launch, Target, run
+from kernels.launch import Launch, Target, run, warps_for
 from kernels.reference.rms_norm import rms_norm_ref
 
 __all__ = ["plan_rms_norm", "rms_norm", "rms_norm_ref"]
 
 _MAX_H = 65536
-_ELEMENTS_PER_THREAD = 16
 
 
 @triton.jit
@@ -79,6 +78,6 @@ def plan_rms_norm(
         _rms_norm_kernel, (n_rows,),
         (x, res, weight, out, new_residual, hidden, eps, x.stride(0), res.stride(0), out.stride(0), new_residual.stride(0)),
         dict(HAS_RESIDUAL=residual is not None, BLOCK_H=block_h),
-        num_warps=min(16, max(4, block_h // (32 * _ELEMENTS_PER_THREAD))), num_stages=1,
+        num_warps=warps_for(block_h, 16), num_stages=1,
     )
     return result, [launch]

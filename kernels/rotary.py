@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch import Launch, Target, run
+from kernels.launch import Launch, Target, run, warps_for
 from kernels.reference.rotary import apply_rotary_ref, build_cos_sin_cache
 
 __all__ = ["apply_rotary", "apply_rotary_ref", "build_cos_sin_cache", "plan_apply_rotary"]
@@ -82,11 +82,11 @@ def plan_apply_rotary(
     if n_tokens == 0:
         return []
     half = head_dim // 2
+    block_hq, block_half = triton.next_power_of_2(n_q_heads), triton.next_power_of_2(half)
     return [Launch(
         _rotary_kernel, (n_tokens,),
         (q, k, positions.contiguous(), cos_sin_cache, n_q_heads, k.shape[1], half,
          q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0)),
-        dict(BLOCK_HQ=triton.next_power_of_2(n_q_heads), BLOCK_HK=triton.next_power_of_2(k.shape[1]),
-             BLOCK_HALF=triton.next_power_of_2(half)),
-        num_warps=4, num_stages=1,
+        dict(BLOCK_HQ=block_hq, BLOCK_HK=triton.next_power_of_2(k.shape[1]), BLOCK_HALF=block_half),
+        num_warps=warps_for(block_hq * block_half, 8), num_stages=1,
     )]

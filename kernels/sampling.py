@@ -33,15 +33,17 @@ __all__ = ["counter_uniforms", "plan_draw", "sample", "sample_ref"]
 
 _BLOCK = 1024
 # 32-bit constants enter the kernel as 16-bit halves so every literal is a small int (no uint32
-# literal promotion surprises) and all arithmetic stays in int64.
-_MUL1_HI: tl.constexpr = MUL1 >> 16
-_MUL1_LO: tl.constexpr = MUL1 & 0xFFFF
-_MUL2_HI: tl.constexpr = MUL2 >> 16
-_MUL2_LO: tl.constexpr = MUL2 & 0xFFFF
-_GOLDEN_HI: tl.constexpr = GOLDEN >> 16
-_GOLDEN_LO: tl.constexpr = GOLDEN & 0xFFFF
-_SALT_HI: tl.constexpr = SALT >> 16
-_SALT_LO: tl.constexpr = SALT & 0xFFFF
+# literal promotion surprises) and all arithmetic stays in int64. They must be tl.constexpr
+# instances: the compiler rejects a global merely annotated `x: tl.constexpr = ...` (the
+# interpreter does not; the AOT compile gate found it).
+_MUL1_HI = tl.constexpr(MUL1 >> 16)
+_MUL1_LO = tl.constexpr(MUL1 & 0xFFFF)
+_MUL2_HI = tl.constexpr(MUL2 >> 16)
+_MUL2_LO = tl.constexpr(MUL2 & 0xFFFF)
+_GOLDEN_HI = tl.constexpr(GOLDEN >> 16)
+_GOLDEN_LO = tl.constexpr(GOLDEN & 0xFFFF)
+_SALT_HI = tl.constexpr(SALT >> 16)
+_SALT_LO = tl.constexpr(SALT & 0xFFFF)
 
 
 @triton.jit
