@@ -137,8 +137,9 @@ gpu-bundle: $(STAMP_SETUP) ## Fetch what an offline GPU box lacks into .gpu/ (cp
 
 .PHONY: kernels-doc
 kernels-doc: $(STAMP_PROTO) ## AOT-compile new Triton launch configs for sm_90/sm_80, update kernels/aot/ledger.json and the docs/kernels.md tables
-	$(PY) -m kernels.aot --update-ledger
-	$(PY) -m bench.kernel_doc
+	mkdir -p build
+	$(PY) -m kernels.aot --update-ledger --report build/aot-report.json
+	$(PY) -m bench.kernel_doc --report build/aot-report.json
 
 # ---------------------------------------------------------------- soak
 SOAK_MINUTES ?= 10

@@ -66,11 +66,12 @@ class Parity:
                 f"-> {'PASS' if self.passed else 'FAIL'} (bar: >= {100 * MIN_AGREEMENT:.0f}%, margins <= {MAX_TIE_MARGIN})")
 
 
-def measure(device: str, dtype: str, new_tokens: int = 64, prompts: list[list[int]] = PROMPTS) -> Parity:
+def measure(device: str, dtype: str, new_tokens: int = 64, prompts: list[list[int]] = PROMPTS, checkpoint=None) -> Parity:
+    """checkpoint: the default model unless given (tests use a tiny random one)."""
     from services.generation.model_runner import ModelRunner, RunnerConfig
     from services.generation.weights.locate import load_checkpoint
 
-    checkpoint = load_checkpoint("default")
+    checkpoint = checkpoint or load_checkpoint("default")
     hf_tokens, hf_margins = _hf_greedy(checkpoint, device, dtype, prompts, new_tokens)
     blocks_per_seq = math.ceil((max(map(len, prompts)) + new_tokens) / 16)
     runner = ModelRunner(checkpoint, RunnerConfig(num_blocks=len(prompts) * blocks_per_seq + 1, block_size=16,

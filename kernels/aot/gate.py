@@ -29,13 +29,17 @@ class Config:
     spec: Spec
     gpu: Gpu
     meta: dict  # the launch's constexpr arguments
-    dtype: str  # the model's activation dtype
     models: set[str] = field(default_factory=set)
+    dtypes: set[str] = field(default_factory=set)  # the models' activation dtypes that launch it
     steps: set[str] = field(default_factory=set)
 
     @property
     def kernel(self) -> str:
         return self.spec.kernel
+
+    @property
+    def dtype(self) -> str:
+        return ", ".join(d for d in _DTYPE_NAMES.values() if d in self.dtypes)
 
 
 @dataclass
@@ -47,6 +51,16 @@ class Outcome:
     problems: list[str] = field(default_factory=list)  # the kernel fails the limits (or to compile)
     disagreements: list[str] = field(default_factory=list)  # the ledger or the key is wrong
 
+    def to_json(self) -> dict:
+        """The report entry (``python -m kernels.aot --report``; bench/kernel_doc.py renders these)."""
+        c = self.config
+        return {
+            "key": c.spec.key, "kernel": c.kernel, "arch": c.gpu.arch, "dtype": c.dtype, "meta": c.meta,
+            "num_warps": c.spec.num_warps, "num_stages": c.spec.num_stages, "models": sorted(c.models),
+            "steps": sorted(c.steps), "compiled": self.compiled, "seconds": round(self.seconds, 3),
+            "resources": self.resources.to_json(), "problems": self.problems, "disagreements": self.disagreements,
+        }
+
 
 def collect(gpus: tuple[Gpu, ...] = GPUS, **matrix_filters) -> list[Config]:
     """matrix_filters: models=, dtypes=, block_sizes= (kernels/aot/matrix.py's engine_launches)."""
@@ -56,15 +70,21 @@ def collect(gpus: tuple[Gpu, ...] = GPUS, **matrix_filters) -> list[Config]:
     for gpu in gpus:
         for rec in engine_launches(gpu.target, **matrix_filters):
             spec = build.spec_for(rec.launch, gpu.arch)
-            config = configs.setdefault(spec.key, Config(spec, gpu, dict(rec.launch.meta), _DTYPE_NAMES[rec.dtype]))
+            config = configs.setdefault(spec.key, Config(spec, gpu, dict(rec.launch.meta)))
             config.models.add(rec.model.name)
+            config.dtypes.add(_DTYPE_NAMES[rec.dtype])
             config.steps.add(rec.step.name)
     return list(configs.values())
 
 
 def is_spot_check(config: Config) -> bool:
-    """Recompiled on every run and compared with the ledger: the default model in bf16 on sm_90."""
-    return DEFAULT.name in config.models and config.dtype == "bf16" and config.gpu.arch == "sm_90"
+    """Recompiled on every run and compared with the ledger: the default model's bf16 kernels on sm_90."""
+    return DEFAULT.name in config.models and "bf16" in config.dtypes and config.gpu.arch == "sm_90"
+
+
+def from_ledger(configs: list[Config], stored: dict[str, Resources]) -> list[Outcome]:
+    """Outcomes straight from the ledger, no compiling (every config must be in it)."""
+    return [Outcome(c, stored[c.spec.key], False) for c in configs]
 
 
 def evaluate(configs: list[Config], stored: dict[str, Resources], jobs: int, recompile: bool = False) -> list[Outcome]:
