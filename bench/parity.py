@@ -164,7 +164,10 @@ def _engine_greedy(runner, prompts, new_tokens) -> list[list[int]]:
         engine.add_request(i, p, params)
     tokens: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
     while engine.seqs or not engine._commands.empty():
-        for event in engine.run_once().tokens:
+        out = engine.run_once()
+        if out.failed:
+            raise RuntimeError(f"the engine failed request {out.failed[0].key}: {out.failed[0].error}")
+        for event in out.tokens:
             tokens[event.key].append(event.token_id)
     return [tokens[i] for i in range(len(prompts))]
 
