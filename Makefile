@@ -128,8 +128,18 @@ bench-peers: $(STAMP_PROTO) ## Build llama.cpp's llama-server (~8 min, cached in
 	$(PY) -m bench.run
 
 .PHONY: bench-gpu
-bench-gpu: $(STAMP_PROTO) ## GPU kernel tests + kernel and engine benchmarks (needs CUDA); writes docs/kernels.md, docs/benchmarks-engine.md
-	bash bench/gpu_check.sh
+bench-gpu: ## GPU tests + kernel (vs roofline) and engine benchmarks, < 8 min on an H200, offline; writes docs/kernels.md, docs/benchmarks-engine.md
+	bash bench/gpu_check.sh all
+
+.PHONY: gpu-bundle
+gpu-bundle: $(STAMP_SETUP) ## Fetch what an offline GPU box lacks into .gpu/ (cp312 wheels, the default model in two parts)
+	$(PY) -m bench.gpu_bundle
+
+.PHONY: kernels-doc
+kernels-doc: $(STAMP_PROTO) ## AOT-compile new Triton launch configs for sm_90/sm_80, update kernels/aot/ledger.json and the docs/kernels.md tables
+	mkdir -p build
+	$(PY) -m kernels.aot --update-ledger --report build/aot-report.json
+	$(PY) -m bench.kernel_doc --report build/aot-report.json
 
 # ---------------------------------------------------------------- soak
 SOAK_MINUTES ?= 10

@@ -95,6 +95,8 @@ def hf_generate(model, ids: torch.Tensor, mask: torch.Tensor, n: int) -> float:
     with torch.inference_mode():
         model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
                        do_sample=False, pad_token_id=2, eos_token_id=None)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()  # the last step's kernels may still be queued
     return time.perf_counter() - t
 
 

@@ -14,9 +14,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import Launch, Target, run, warps_for
 from kernels.reference.kv_cache import store_kv_ref
 
-__all__ = ["store_kv", "store_kv_ref"]
+__all__ = ["plan_store_kv", "store_kv", "store_kv_ref"]
 
 
 @triton.jit
@@ -49,6 +50,13 @@ def store_kv(
     v_cache: torch.Tensor,  # [NB, BS, Hk, D]
     slot_mapping: torch.Tensor,  # [T] int64
 ) -> None:
+    run(None, plan_store_kv(k, v, k_cache, v_cache, slot_mapping, Target.of(k.device)))
+
+
+def plan_store_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    target: Target,
+) -> list[Launch]:
     if k.dim() != 3 or k.shape != v.shape:
         raise ValueError(f"k and v must both be [T, Hk, D], got {tuple(k.shape)} and {tuple(v.shape)}")
     if k.stride(-1) != 1 or v.stride(-1) != 1:
@@ -61,11 +69,11 @@ def store_kv(
     if slot_mapping.shape != (n_tokens,) or slot_mapping.dtype != torch.int64:
         raise ValueError(f"slot_mapping must be int64 [{n_tokens}], got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
     if n_tokens == 0:
-        return
-    _store_kv_kernel[(n_tokens,)](
-        k, v, k_cache, v_cache, slot_mapping.contiguous(),
-        n_heads, head_dim, k_cache.shape[1],
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        *k_cache.stride(),
-        BLOCK_HEADS=triton.next_power_of_2(n_heads), BLOCK_D=triton.next_power_of_2(head_dim),
-    )
+        return []
+    block_heads, block_d = triton.next_power_of_2(n_heads), triton.next_power_of_2(head_dim)
+    return [Launch(
+        _store_kv_kernel, (n_tokens,),
+        (k, v, k_cache, v_cache, slot_mapping.contiguous(), n_heads, head_dim, k_cache.shape[1],
+         k.stride(0), k.stride(1), v.stride(0), v.stride(1), *k_cache.stride()),
+        dict(BLOCK_HEADS=block_heads, BLOCK_D=block_d), num_warps=warps_for(block_heads * block_d, 8), num_stages=1,
+    )]

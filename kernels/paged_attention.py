@@ -13,7 +13,9 @@ Design (FlashAttention-2 style online softmax, fp32 accumulate, exp2 with log2(e
   * A program owns one KV head and a tile of BLOCK_M = BLOCK_Q x GROUP_PAD rows: BLOCK_Q query
     tokens of ONE sequence times the G query heads sharing that KV head (padded to a power of 2),
     so each K/V tile is loaded once for the whole GQA group. Decode rows (q_len 1) use BLOCK_Q so
-    that BLOCK_M = 16 (tl.dot's minimum), prefill-bearing batches use BLOCK_M = 64.
+    that BLOCK_M = 16 (tl.dot's minimum), prefill-bearing batches use BLOCK_M = 64 (32 in fp32,
+    whose IEEE dot runs on FMA units and needs more registers). Tile sizes, warps and stages come
+    from `_tiles`, chosen from the AOT compile gate's register/spill report (docs/kernels.md).
   * No host sync: the grid has T // BLOCK_Q + B query tiles (an upper bound on
     sum_i ceil(q_len_i / BLOCK_Q)); a program finds its sequence by binary search over
     cu_seqlens_q[i] // BLOCK_Q + i and exits if its tile is past the sequence's q_len.
@@ -21,10 +23,14 @@ Design (FlashAttention-2 style online softmax, fp32 accumulate, exp2 with log2(e
     stops at the last key the tile's last query row can see (causal), so a decode row reads exactly
     its context and a prefill tile skips the future.
   * Split-KV: with few (query tile, KV head) programs and long contexts the GPU would idle, so a
-    third grid axis cuts each sequence's key range into NUM_SPLITS chunks; each writes an
+    third grid axis cuts each sequence's key range into num_splits chunks; each writes an
     unnormalised partial (acc, running max m, running sum l) and `_reduce_splits_kernel` merges
-    them: out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s. NUM_SPLITS = 1 writes `out`
-    directly and skips the reduce.
+    them: out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s. One split writes `out` directly
+    and skips the reduce. The split count is a runtime argument (only "split or not" is a
+    constexpr), so a GPU compiles 2 variants per tile shape instead of one per power of two.
+  * Batch-dependent integers (num_seqs, group, num_splits, block-table and partial strides) are
+    `do_not_specialize`: Triton would otherwise compile separate variants for a value of 1 or a
+    multiple of 16 (one for B = 1, another for B = 16, ...), for no gain in the generated code.
 """
 
 from __future__ import annotations
@@ -33,9 +39,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import Launch, Target, run
 from kernels.reference.paged_attention import paged_attention_ref
 
-__all__ = ["paged_attention", "paged_attention_ref", "choose_num_splits"]
+__all__ = ["choose_num_splits", "paged_attention", "paged_attention_ref", "plan_paged_attention"]
 
 _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 32
@@ -64,18 +71,18 @@ def _dot(a, b, IEEE: tl.constexpr):
     return tl.dot(a, b)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "group", "num_splits", "stride_bt", "stride_ps", "stride_pt"])
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_ptr, context_lens_ptr,  # inputs
     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,  # outputs (out, or the split partials)
-    num_seqs, group, head_dim, block_size, qk_scale,  # sizes; qk_scale = scale * log2(e)
+    num_seqs, group, head_dim, block_size, qk_scale, num_splits,  # sizes; qk_scale = scale * log2(e)
     stride_qt, stride_qh,  # q [T, Hq, D], head dim contiguous
     stride_cb, stride_cs, stride_ch, stride_cd,  # caches [NB, BS, Hk, D] (shared)
     stride_bt,  # block_tables row
     stride_ot, stride_oh,  # out [T, Hq, D], head dim contiguous
     stride_ps, stride_pt, stride_ph,  # partials: acc [S, T, Hq, D] and m, l [S, T, Hq] (same s/t/h)
     BLOCK_Q: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, FP32_IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    SPLIT: tl.constexpr, FP32_IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     tile = tl.program_id(0)
@@ -107,13 +114,13 @@ def _paged_attention_kernel(
 
     # Causal: the tile's last row sees keys up to kv_end - 1; nothing past it is read.
     kv_end = context_len - q_len + tl.minimum(q_len, (local_tile + 1) * BLOCK_Q)
-    if NUM_SPLITS == 1:
-        kv_start = 0
-        kv_stop = kv_end
-    else:
-        per_split = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    if SPLIT:
+        per_split = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
         kv_start = split * per_split
         kv_stop = tl.minimum(kv_end, kv_start + per_split)
+    else:
+        kv_start = 0
+        kv_stop = kv_end
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the log2-scaled scores
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of 2^(score - m_i)
@@ -145,7 +152,7 @@ def _paged_attention_kernel(
         m_i = m_new
 
     store_mask = row_ok[:, None] & d_ok[None, :]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(
             out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
@@ -158,36 +165,60 @@ def _paged_attention_kernel(
         tl.store(part_l_ptr + part, l_i, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "stride_ps", "stride_pt"])
 def _reduce_splits_kernel(
     part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr,  # pointers
-    head_dim,  # sizes
+    head_dim, num_splits,  # sizes
     stride_ps, stride_pt, stride_ph, stride_ot, stride_oh,  # strides (partials as in the main kernel)
-    NUM_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr,
+    MAX_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
-    splits = tl.arange(0, NUM_SPLITS).to(tl.int64)
+    splits = tl.arange(0, MAX_SPLITS)
+    s_ok = splits < num_splits
     offs_d = tl.arange(0, BLOCK_D)
-    part = splits * stride_ps + token * stride_pt + head * stride_ph  # [NUM_SPLITS]
-    m = tl.load(part_m_ptr + part)  # [NUM_SPLITS] -inf for a split that saw no key
-    l_s = tl.load(part_l_ptr + part)
-    acc = tl.load(part_acc_ptr + part[:, None] * head_dim + offs_d[None, :], mask=offs_d[None, :] < head_dim, other=0.0)
+    part = splits.to(tl.int64) * stride_ps + token * stride_pt + head * stride_ph  # [MAX_SPLITS]
+    m = tl.load(part_m_ptr + part, mask=s_ok, other=float("-inf"))  # -inf: no key seen (or no split)
+    l_s = tl.load(part_l_ptr + part, mask=s_ok, other=0.0)
+    acc_mask = s_ok[:, None] & (offs_d[None, :] < head_dim)
+    acc = tl.load(part_acc_ptr + part[:, None] * head_dim + offs_d[None, :], mask=acc_mask, other=0.0)
     m_max = tl.max(m, axis=0)
-    w = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))  # [NUM_SPLITS]
+    w = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))  # [MAX_SPLITS]
     denom = tl.sum(w * l_s, axis=0)
     out = tl.sum(w[:, None] * acc, axis=0) / tl.where(denom == 0.0, 1.0, denom)
     tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=offs_d < head_dim)
 
 
-def choose_num_splits(num_programs: int, max_context: int, device: torch.device) -> int:
+def choose_num_splits(num_programs: int, max_context: int, target: Target) -> int:
     """Split-KV factor from shapes only (no host sync): fill ~2 waves of SMs, >= 256 keys a split."""
-    if device.type != "cuda":
+    if not target.compiled:
         return 1  # the interpreter runs programs one after another: splitting only adds work
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = triton.cdiv(2 * sms, max(num_programs, 1))
+    want = triton.cdiv(2 * target.num_sms, max(num_programs, 1))
     cap = max(1, max_context // _MIN_KEYS_PER_SPLIT)
     return min(triton.next_power_of_2(min(want, cap)), _MAX_SPLITS) if want > 1 and cap > 1 else 1
+
+
+def _tiles(all_decode: bool, block_d: int, dtype: torch.dtype, target: Target) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages): the largest tiles that compile without spills.
+
+    From the AOT gate's sweeps over every supported head layout on sm_90 and sm_80 (the table in
+    docs/kernels.md has the result): decode keeps 4 warps and halves BLOCK_N at D = 128 (BLOCK_N 64
+    needs ~160 registers there, 32 needs 80-96). Prefill at D = 128 runs 4 warps, BLOCK_N 32 and 2
+    stages: with 8 warps ptxas holds sm_80 programs to 128 registers and spills at GQA 1 and 8.
+    fp32's IEEE dot runs on FMA units and needs far more registers than a tensor-core tile:
+    BLOCK_N 16 and 2 stages for decode (BLOCK_N 32 takes 160-255 registers on sm_90), 32 x 32 tiles
+    on 8 warps for prefill.
+    """
+    fp32 = dtype == torch.float32
+    if all_decode:
+        block_m, block_n, num_warps, num_stages = (16, 16, 4, 2) if fp32 else (16, 64 if block_d <= 64 else 32, 4, 3)
+    elif fp32:
+        block_m, block_n, num_warps, num_stages = 32, 32, 8, 3
+    else:
+        block_m, block_n, num_warps, num_stages = (64, 64, 8, 3) if block_d <= 64 else (64, 32, 4, 2)
+    if not target.compiled:
+        block_n = 16  # the interpreter's cost is per element: smallest tiles
+    return block_m, block_n, num_warps, num_stages
 
 
 def paged_attention(
@@ -200,6 +231,14 @@ def paged_attention(
     scale: float,
     num_splits: int | None = None,  # None: choose_num_splits; tests force it
 ) -> torch.Tensor:  # [T, Hq, D]
+    target = Target.of(q.device)
+    return run(*plan_paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, target, num_splits))
+
+
+def plan_paged_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, scale: float, target: Target, num_splits: int | None = None,
+) -> tuple[torch.Tensor, list[Launch]]:
     if q.dim() != 3 or q.stride(-1) != 1:
         raise ValueError(f"q must be [T, Hq, D] with a contiguous head dim, got {tuple(q.shape)}")
     n_tokens, n_q_heads, head_dim = q.shape
@@ -219,45 +258,43 @@ def paged_attention(
         raise ValueError("cu_seqlens_q and context_lens must be int32")
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # [T, Hq, D]
     if n_tokens == 0 or n_seqs == 0:
-        return out
+        return out, []
 
     group = n_q_heads // n_kv_heads
     group_pad = triton.next_power_of_2(group)
-    block_m = 16 if n_tokens == n_seqs else 64  # T == B: an all-decode batch (no sync needed to know)
+    block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs K and N >= 16 on the GPU
+    # T == B: an all-decode batch (known from shapes, no sync).
+    block_m, block_n, num_warps, num_stages = _tiles(n_tokens == n_seqs, block_d, q.dtype, target)
     block_q = max(1, block_m // group_pad)
     n_tiles = n_tokens // block_q + n_seqs
     if num_splits is None:
         max_context = block_tables.shape[1] * k_cache.shape[1]
-        num_splits = choose_num_splits(n_tiles * n_kv_heads, max_context, q.device)
-    if num_splits < 1 or num_splits & (num_splits - 1):
-        raise ValueError(f"num_splits must be a power of two, got {num_splits}")
-    block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs K and N >= 16 on the GPU
-    block_n = 16 if q.device.type != "cuda" else (64 if block_d <= 128 else 32)
+        num_splits = choose_num_splits(n_tiles * n_kv_heads, max_context, target)
+    if not 1 <= num_splits <= _MAX_SPLITS:
+        raise ValueError(f"num_splits must be in [1, {_MAX_SPLITS}], got {num_splits}")
     if num_splits > 1:
         part_acc = torch.empty((num_splits, n_tokens, n_q_heads, head_dim), dtype=torch.float32, device=q.device)
         part_m = torch.empty((num_splits, n_tokens, n_q_heads), dtype=torch.float32, device=q.device)
         part_l = torch.empty_like(part_m)
     else:
-        part_acc = part_m = part_l = out  # unused: NUM_SPLITS == 1 stores straight to out
-    upcast = q.device.type != "cuda" and q.dtype != torch.float32  # interpreter: see UPCAST
-    cu, ctx = cu_seqlens_q.contiguous(), context_lens.contiguous()
-    _paged_attention_kernel[(n_tiles, n_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, cu, ctx,
-        out, part_acc, part_m, part_l,
-        n_seqs, group, head_dim, k_cache.shape[1], scale * _LOG2E,
-        q.stride(0), q.stride(1),
-        *k_cache.stride(),
-        block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        n_tokens * n_q_heads, n_q_heads, 1,
-        BLOCK_Q=block_q, GROUP_PAD=group_pad, BLOCK_N=block_n, BLOCK_D=block_d,
-        NUM_SPLITS=num_splits, FP32_IEEE=q.dtype == torch.float32 or upcast, UPCAST=upcast,
-    )
+        part_acc = part_m = part_l = out  # unused: one split stores straight to out
+    upcast = not target.compiled and q.dtype != torch.float32  # interpreter: see UPCAST
+    launches = [Launch(
+        _paged_attention_kernel, (n_tiles, n_kv_heads, num_splits),
+        (q, k_cache, v_cache, block_tables, cu_seqlens_q.contiguous(), context_lens.contiguous(),
+         out, part_acc, part_m, part_l,
+         n_seqs, group, head_dim, k_cache.shape[1], scale * _LOG2E, num_splits,
+         q.stride(0), q.stride(1), *k_cache.stride(), block_tables.stride(0), out.stride(0), out.stride(1),
+         n_tokens * n_q_heads, n_q_heads, 1),
+        dict(BLOCK_Q=block_q, GROUP_PAD=group_pad, BLOCK_N=block_n, BLOCK_D=block_d, SPLIT=num_splits > 1,
+             FP32_IEEE=q.dtype == torch.float32 or upcast, UPCAST=upcast),
+        num_warps=num_warps, num_stages=num_stages,
+    )]
     if num_splits > 1:
-        _reduce_splits_kernel[(n_tokens, n_q_heads)](
-            part_acc, part_m, part_l, out,
-            head_dim,
-            n_tokens * n_q_heads, n_q_heads, 1, out.stride(0), out.stride(1),
-            NUM_SPLITS=num_splits, BLOCK_D=block_d,
-        )
-    return out
+        launches.append(Launch(
+            _reduce_splits_kernel, (n_tokens, n_q_heads),
+            (part_acc, part_m, part_l, out, head_dim, num_splits,
+             n_tokens * n_q_heads, n_q_heads, 1, out.stride(0), out.stride(1)),
+            dict(MAX_SPLITS=_MAX_SPLITS, BLOCK_D=block_d), num_warps=4, num_stages=1,
+        ))
+    return out, launches

@@ -5,7 +5,8 @@
 
 x, residual: [T, H] (rows may be strided, the last dim must be contiguous); weight: [H].
 One program per row; the whole row fits one block (BLOCK_H = next_pow2(H), H <= 65536), so the row
-is read once and written once: memory bound at 2 (or 4 with the residual) * T * H elements.
+is read once and written once: memory bound at 2 (or 4 with the residual) * T * H elements. Warps
+grow with the row so that a thread holds at most 16 elements (no spills; the AOT gate checks).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import Launch, Target, run, warps_for
 from kernels.reference.rms_norm import rms_norm_ref
 
-__all__ = ["rms_norm", "rms_norm_ref"]
+__all__ = ["plan_rms_norm", "rms_norm", "rms_norm_ref"]
 
 _MAX_H = 65536
 
@@ -50,6 +52,12 @@ def rms_norm(
     eps: float,
     residual: torch.Tensor | None = None,  # [T, H]
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    return run(*plan_rms_norm(x, weight, eps, residual, Target.of(x.device)))
+
+
+def plan_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None, target: Target
+) -> tuple[torch.Tensor | tuple[torch.Tensor, torch.Tensor], list[Launch]]:
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(f"x must be [T, H] with a contiguous last dim, got {tuple(x.shape)} strides {x.stride()}")
     n_rows, hidden = x.shape
@@ -61,12 +69,15 @@ def rms_norm(
         raise ValueError(f"residual must match x {tuple(x.shape)} {x.dtype} with a contiguous last dim")
     out = torch.empty_like(x, memory_format=torch.contiguous_format)  # [T, H]
     new_residual = torch.empty_like(out) if residual is not None else out  # [T, H]
-    if n_rows:
-        res = residual if residual is not None else x  # unused when HAS_RESIDUAL is False
-        _rms_norm_kernel[(n_rows,)](
-            x, res, weight, out, new_residual,
-            hidden, eps,
-            x.stride(0), res.stride(0), out.stride(0), new_residual.stride(0),
-            HAS_RESIDUAL=residual is not None, BLOCK_H=triton.next_power_of_2(hidden),
-        )
-    return out if residual is None else (out, new_residual)
+    result = out if residual is None else (out, new_residual)
+    if not n_rows:
+        return result, []
+    res = residual if residual is not None else x  # unused when HAS_RESIDUAL is False
+    block_h = triton.next_power_of_2(hidden)
+    launch = Launch(
+        _rms_norm_kernel, (n_rows,),
+        (x, res, weight, out, new_residual, hidden, eps, x.stride(0), res.stride(0), out.stride(0), new_residual.stride(0)),
+        dict(HAS_RESIDUAL=residual is not None, BLOCK_H=block_h),
+        num_warps=warps_for(block_h, 16), num_stages=1,
+    )
+    return result, [launch]

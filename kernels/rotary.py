@@ -15,9 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import Launch, Target, run, warps_for
 from kernels.reference.rotary import apply_rotary_ref, build_cos_sin_cache
 
-__all__ = ["apply_rotary", "apply_rotary_ref", "build_cos_sin_cache"]
+__all__ = ["apply_rotary", "apply_rotary_ref", "build_cos_sin_cache", "plan_apply_rotary"]
 
 
 @triton.jit
@@ -61,6 +62,12 @@ def apply_rotary(
     positions: torch.Tensor,  # [T] int64
     cos_sin_cache: torch.Tensor,  # [max_pos, D]
 ) -> None:
+    run(None, plan_apply_rotary(q, k, positions, cos_sin_cache, Target.of(q.device)))
+
+
+def plan_apply_rotary(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, target: Target
+) -> list[Launch]:
     if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
         raise ValueError(f"q [T, Hq, D] and k [T, Hk, D] disagree: {tuple(q.shape)} vs {tuple(k.shape)}")
     if q.stride(-1) != 1 or k.stride(-1) != 1:
@@ -73,12 +80,13 @@ def apply_rotary(
     if positions.shape != (n_tokens,) or positions.dtype != torch.int64:
         raise ValueError(f"positions must be int64 [{n_tokens}], got {positions.dtype} {tuple(positions.shape)}")
     if n_tokens == 0:
-        return
+        return []
     half = head_dim // 2
-    _rotary_kernel[(n_tokens,)](
-        q, k, positions.contiguous(), cos_sin_cache,
-        n_q_heads, k.shape[1], half,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
-        BLOCK_HQ=triton.next_power_of_2(n_q_heads), BLOCK_HK=triton.next_power_of_2(k.shape[1]),
-        BLOCK_HALF=triton.next_power_of_2(half),
-    )
+    block_hq, block_half = triton.next_power_of_2(n_q_heads), triton.next_power_of_2(half)
+    return [Launch(
+        _rotary_kernel, (n_tokens,),
+        (q, k, positions.contiguous(), cos_sin_cache, n_q_heads, k.shape[1], half,
+         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0)),
+        dict(BLOCK_HQ=block_hq, BLOCK_HK=triton.next_power_of_2(k.shape[1]), BLOCK_HALF=block_half),
+        num_warps=warps_for(block_hq * block_half, 8), num_stages=1,
+    )]

@@ -25,22 +25,25 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import Launch, Target, run
 from kernels.reference.counter_hash import GOLDEN, MUL1, MUL2, SALT
 from kernels.reference.sampling import apply_sampling_filters, sample_ref
 
-__all__ = ["counter_uniforms", "sample", "sample_ref"]
+__all__ = ["counter_uniforms", "plan_draw", "sample", "sample_ref"]
 
 _BLOCK = 1024
 # 32-bit constants enter the kernel as 16-bit halves so every literal is a small int (no uint32
-# literal promotion surprises) and all arithmetic stays in int64.
-_MUL1_HI: tl.constexpr = MUL1 >> 16
-_MUL1_LO: tl.constexpr = MUL1 & 0xFFFF
-_MUL2_HI: tl.constexpr = MUL2 >> 16
-_MUL2_LO: tl.constexpr = MUL2 & 0xFFFF
-_GOLDEN_HI: tl.constexpr = GOLDEN >> 16
-_GOLDEN_LO: tl.constexpr = GOLDEN & 0xFFFF
-_SALT_HI: tl.constexpr = SALT >> 16
-_SALT_LO: tl.constexpr = SALT & 0xFFFF
+# literal promotion surprises) and all arithmetic stays in int64. They must be tl.constexpr
+# instances: the compiler rejects a global merely annotated `x: tl.constexpr = ...` (the
+# interpreter does not; the AOT compile gate found it).
+_MUL1_HI = tl.constexpr(MUL1 >> 16)
+_MUL1_LO = tl.constexpr(MUL1 & 0xFFFF)
+_MUL2_HI = tl.constexpr(MUL2 >> 16)
+_MUL2_LO = tl.constexpr(MUL2 & 0xFFFF)
+_GOLDEN_HI = tl.constexpr(GOLDEN >> 16)
+_GOLDEN_LO = tl.constexpr(GOLDEN & 0xFFFF)
+_SALT_HI = tl.constexpr(SALT >> 16)
+_SALT_LO = tl.constexpr(SALT & 0xFFFF)
 
 
 @triton.jit
@@ -146,13 +149,25 @@ def sample(
                     ("seeds", seeds), ("offsets", offsets)):
         if t.shape != (n_rows,):
             raise ValueError(f"{name} must be [{n_rows}], got {tuple(t.shape)}")
-    tokens = torch.empty(n_rows, dtype=torch.int64, device=logits.device)
     if n_rows == 0:
-        return tokens
+        return torch.empty(0, dtype=torch.int64, device=logits.device)
     filtered = apply_sampling_filters(logits, temperature, top_k, top_p, min_p)  # [B, V]
-    _sample_kernel[(n_rows,)](
-        filtered, temperature.float().contiguous(), seeds.long().contiguous(), offsets.long().contiguous(), tokens,
-        vocab_size, filtered.stride(0),
-        BLOCK=min(_BLOCK, triton.next_power_of_2(vocab_size)),
+    return run(*plan_draw(filtered, temperature, seeds, offsets, Target.of(logits.device)))
+
+
+def plan_draw(
+    logits: torch.Tensor,  # [B, V] fp32, filtered (masked entries -inf)
+    temperature: torch.Tensor,  # [B]
+    seeds: torch.Tensor,  # [B] int64
+    offsets: torch.Tensor,  # [B] int64
+    target: Target,
+) -> tuple[torch.Tensor, list[Launch]]:  # tokens [B] int64
+    n_rows, vocab_size = logits.shape
+    tokens = torch.empty(n_rows, dtype=torch.int64, device=logits.device)
+    launch = Launch(
+        _sample_kernel, (n_rows,),
+        (logits, temperature.float().contiguous(), seeds.long().contiguous(), offsets.long().contiguous(), tokens,
+         vocab_size, logits.stride(0)),
+        dict(BLOCK=min(_BLOCK, triton.next_power_of_2(vocab_size))), num_warps=4, num_stages=1,
     )
-    return tokens
+    return tokens, [launch]

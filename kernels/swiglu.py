@@ -12,9 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import Launch, Target, run
 from kernels.reference.swiglu import silu_and_mul_ref
 
-__all__ = ["silu_and_mul", "silu_and_mul_ref"]
+__all__ = ["plan_silu_and_mul", "silu_and_mul", "silu_and_mul_ref"]
 
 _BLOCK = 1024
 
@@ -36,12 +37,20 @@ def _silu_and_mul_kernel(
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # x [T, 2F] -> [T, F]
+    return run(*plan_silu_and_mul(x, Target.of(x.device)))
+
+
+def plan_silu_and_mul(x: torch.Tensor, target: Target) -> tuple[torch.Tensor, list[Launch]]:
     if x.dim() != 2 or x.stride(-1) != 1 or x.shape[1] % 2:
         raise ValueError(f"x must be [T, 2F] with a contiguous last dim, got {tuple(x.shape)} strides {x.stride()}")
     n_rows, width = x.shape
     ffn = width // 2
     out = torch.empty((n_rows, ffn), dtype=x.dtype, device=x.device)  # [T, F]
-    if n_rows and ffn:
-        block = min(_BLOCK, triton.next_power_of_2(ffn))
-        _silu_and_mul_kernel[(n_rows, triton.cdiv(ffn, block))](x, out, ffn, x.stride(0), out.stride(0), BLOCK=block)
-    return out
+    if not (n_rows and ffn):
+        return out, []
+    block = min(_BLOCK, triton.next_power_of_2(ffn))
+    launch = Launch(
+        _silu_and_mul_kernel, (n_rows, triton.cdiv(ffn, block)), (x, out, ffn, x.stride(0), out.stride(0)),
+        dict(BLOCK=block), num_warps=4, num_stages=1,
+    )
+    return out, [launch]

@@ -7,6 +7,7 @@ import torch
 from conftest import HAS_CUDA
 from paged_cases import make_paged_batch
 
+from kernels.launch import H200, INTERPRETER
 from kernels.paged_attention import choose_num_splits, paged_attention
 from kernels.reference import paged_attention_ref
 
@@ -72,7 +73,19 @@ def test_paged_attention_through_kernel_ops(triton_ops):
 
 
 def test_choose_num_splits_is_one_off_gpu():
-    assert choose_num_splits(1, 32768, torch.device("cpu")) == 1
+    assert choose_num_splits(1, 32768, INTERPRETER) == 1
+
+
+def test_choose_num_splits_fills_the_gpu_from_shapes():
+    assert choose_num_splits(3, 32768, H200) == 32  # 3 programs, 264 wanted: capped at 32 splits
+    assert choose_num_splits(3, 1024, H200) == 4  # >= 256 keys a split
+    assert choose_num_splits(300, 32768, H200) == 1  # 300 programs already fill 2 waves of 132 SMs
+    assert choose_num_splits(100, 32768, H200) == 4  # ceil(264 / 100) = 3, rounded up to a power of two
+
+
+def test_split_counts_need_not_be_powers_of_two():
+    batch = make_paged_batch(*SMALL_MIXED, 4, 2, 16, 16)
+    _check(batch, torch.float32, 3, torch.device("cpu"))
 
 
 @pytest.mark.gpu

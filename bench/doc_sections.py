@@ -1,0 +1,28 @@
+"""Generated sections of a markdown doc, between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+
+
+def read(path: Path, name: str) -> str | None:
+    """The section's body (without the markers and their newlines), or None if it is absent."""
+    start, end = _markers(name)
+    text = path.read_text() if path.exists() else ""
+    match = re.search(re.escape(start) + r"\n(.*?)\n?" + re.escape(end), text, re.S)
+    return match.group(1) if match else None
+
+
+def write(path: Path, name: str, body: str) -> None:
+    """Replace the section's body, or append the section at the end of the doc."""
+    start, end = _markers(name)
+    text = path.read_text() if path.exists() else ""
+    block = f"{start}\n{body}\n{end}"
+    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip("\n") + f"\n\n{block}\n"
+    path.write_text(text)
