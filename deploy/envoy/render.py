@@ -3,8 +3,10 @@
     python -m deploy.envoy.render --variant local --out /tmp/envoy.yaml [--http-port 8080 ...]
 
 Variants differ only in addresses and how the upstream is found:
-  local    listener and admin on 127.0.0.1, upstream a STATIC 127.0.0.1 address (`make run`, tests)
-  compose  listener on 0.0.0.0, upstream `preprocess` resolved by STRICT_DNS (docker compose)
+  local    listener and admin on 127.0.0.1, upstream STATIC 127.0.0.1 ports, one per preprocess
+           replica (`make run`, tests)
+  compose  listener on 0.0.0.0, upstream `preprocess` resolved by STRICT_DNS (every replica of the
+           scaled compose service)
   k8s      listener on 0.0.0.0, upstream the headless Service `preprocess` (STRICT_DNS finds every pod)
 The admin interface always stays on 127.0.0.1: it can shut Envoy down and must not be public.
 """
@@ -33,6 +35,10 @@ class EnvoySettings:
     admin_address: str = "127.0.0.1"
     upstream_host: str = "127.0.0.1"
     upstream_port: int = 50051
+    # More preprocess replicas on upstream_host (local processes, `make run` with
+    # MSTAR_PREPROCESS_REPLICAS): every port is one endpoint. Empty: upstream_port alone.
+    upstream_ports: tuple[int, ...] = ()
+    num_retries: int = 3  # a refused / undelivered new request is tried again on other replicas (previous_hosts)
     cluster_type: str = "STATIC"
     descriptor_path: str = str(DEFAULT_DESCRIPTOR)
     # Timeouts and limits (docs/http.md explains each).
@@ -215,11 +221,18 @@ def hygiene_lua(settings: EnvoySettings) -> str:
     return head + HYGIENE_LUA.read_text("utf-8")
 
 
+def lb_endpoints(settings: EnvoySettings) -> list[dict]:
+    ports = settings.upstream_ports or (settings.upstream_port,)
+    return [{"endpoint": {"address": {"socket_address": {"address": settings.upstream_host, "port_value": port}}}}
+            for port in ports]
+
+
 def render(settings: EnvoySettings) -> str:
     if settings.codec_max_request_headers_kb < max(settings.max_request_headers_kb, 64):
         raise ValueError("codec_max_request_headers_kb must be >= max_request_headers_kb and >= 64")
     values = {k: str(v) for k, v in asdict(settings).items()}
     values["request_hygiene_lua"] = json.dumps(hygiene_lua(settings))
+    values["lb_endpoints"] = json.dumps(lb_endpoints(settings))
     values["security_filters"] = "".join(f"\n          - {json.dumps(f)}" for f in security_filters(settings))
     values["client_header_removal"] = "" if settings.api_keys else "\n              request_headers_to_remove: [x-mstar-client]"
     values["overload_manager"] = json.dumps(overload_manager(settings))
@@ -245,7 +258,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--http-port", type=int)
     parser.add_argument("--admin-port", type=int)
     parser.add_argument("--upstream-host")
-    parser.add_argument("--upstream-port", type=int)
+    parser.add_argument("--upstream-port", type=int, action="append",
+                        help="preprocess port (repeat for several replicas on --upstream-host)")
     parser.add_argument("--descriptor")
     parser.add_argument("--api-key", action="append", default=[], help="enable API-key auth (repeatable)")
     parser.add_argument("--rate-limit-rps", type=int, help="enable local rate limiting")
@@ -260,7 +274,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--out is required")
     overrides = {
         "http_port": args.http_port, "admin_port": args.admin_port, "upstream_host": args.upstream_host,
-        "upstream_port": args.upstream_port, "descriptor_path": args.descriptor,
+        "upstream_port": args.upstream_port[0] if args.upstream_port else None,
+        "upstream_ports": tuple(args.upstream_port) if args.upstream_port and len(args.upstream_port) > 1 else None,
+        "descriptor_path": args.descriptor,
         "api_keys": tuple(args.api_key) or None, "rate_limit_rps": args.rate_limit_rps,
         "xff_num_trusted_hops": args.xff_num_trusted_hops,
     }

@@ -8,6 +8,7 @@ Envoy's transcoder uses, so `RequestFailed.http_status` matches what an HTTP cli
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 import re
@@ -121,6 +122,9 @@ class MstarError(Exception):
     field_violations: list[FieldViolation] = field(default_factory=list)
     retry_after_s: float | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    # Refused before anything started (draining, not ready, no generation replica): another
+    # replica may run it. Sent as the REFUSED trailer, on which Envoy retries (deploy/envoy).
+    refused: bool = False
 
     def __post_init__(self) -> None:
         self.message = bounded(self.message, MAX_MESSAGE_CHARS)
@@ -217,9 +221,21 @@ def to_rpc_status(err: MstarError) -> status_pb2.Status:
     return status
 
 
+# Trailing metadata of a refused request. Nothing was sent before the refusal, so gRPC sends it
+# as a trailers-only reply: a response *header*, which Envoy's retry policy can match.
+REFUSED = "x-mstar-refused"
+
+
+class _Status(collections.namedtuple("_Status", ("code", "details", "trailing_metadata")), grpc.Status):
+    pass
+
+
 def to_grpc_status(err: MstarError) -> grpc.Status:
     """For `context.abort_with_status` (sets grpc-status-details-bin for rich clients and Envoy)."""
-    return rpc_status.to_status(to_rpc_status(err))
+    status = rpc_status.to_status(to_rpc_status(err))
+    if not err.refused:
+        return status
+    return _Status(status.code, status.details, (*status.trailing_metadata, (REFUSED, err.reason)))
 
 
 # The code the current RPC was aborted with, for the access log (interceptors.py): reading it
@@ -231,3 +247,19 @@ async def abort(context: grpc.aio.ServicerContext, err: MstarError) -> None:
     """End an aio RPC with `err`. Raises (never returns), like context.abort."""
     aborted_with.set(err.code)
     await context.abort_with_status(to_grpc_status(err))
+
+
+def from_grpc_error(exc: grpc.RpcError) -> MstarError:
+    """Rebuild an MstarError from a failed call (code, message, ErrorInfo reason): a preprocess
+    replica relays a peer's answer to a forwarded Append/Cancel (services/preprocess/peers.py)."""
+    code = Code(exc.code().value[0]) if exc.code() is not None else Code.UNKNOWN
+    message = exc.details() or code.name
+    reason = code.name
+    status = rpc_status.from_call(exc) if hasattr(exc, "trailing_metadata") else None
+    if status is not None:
+        for detail in status.details:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                reason = info.reason
+    return MstarError(code, reason, message)

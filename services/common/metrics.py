@@ -324,9 +324,9 @@ class PreprocessMetrics:
                 self.on_request_done(request_id, clock, surface=surface, finish_reason="cancelled",
                                      status="CANCELLED")
 
-    def on_conductor_status(self, status: Any) -> None:
-        """Export a ConductorStatus protobuf pushed by the generation service."""
-        self.conductor.update(status)
+    def on_conductor_status(self, status: Any, replica: str = "") -> None:
+        """Export a ConductorStatus protobuf pushed by the generation replica `replica` (host:port)."""
+        self.conductor.update(status, replica)
 
 
 class _AdmissionCollector:
@@ -360,15 +360,15 @@ def conductor_metric_name(name: str) -> str:
 
 
 class ConductorCollector:
-    """Keeps the latest ConductorStatus and renders it at scrape time. A custom collector because
-    snapshot names are the engine's to choose: nothing here must be declared up front."""
+    """Keeps the latest ConductorStatus of every generation replica and renders them at scrape
+    time, each series labelled with its `replica` (host:port). A custom collector because snapshot
+    names are the engine's to choose: nothing here must be declared up front."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._latest: list[tuple[str, bool, float]] = []
-        self._time = 0.0
+        self._latest: dict[str, tuple[list[tuple[str, bool, float]], float]] = {}
 
-    def update(self, status: Any) -> None:
+    def update(self, status: Any, replica: str = "") -> None:
         from mstar.generation.v1 import generation_service_pb2
 
         rows = [
@@ -377,24 +377,32 @@ class ConductorCollector:
         ]
         stamp = status.time.seconds + status.time.nanos / 1e9 if status.HasField("time") else time.time()
         with self._lock:
-            self._latest, self._time = rows, stamp
+            self._latest[replica] = (rows, stamp)
+
+    def forget(self, replica: str) -> None:
+        """The replica left: its series disappear (bounded cardinality as pods come and go)."""
+        with self._lock:
+            self._latest.pop(replica, None)
 
     def describe(self) -> Iterable:
         return []  # unchecked collector: names appear with the first snapshot
 
     def collect(self) -> Iterable:
         with self._lock:
-            rows, stamp = list(self._latest), self._time
+            latest = dict(self._latest)
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
-        for name, counter, value in rows:
-            if name not in families:
-                cls = CounterMetricFamily if counter else GaugeMetricFamily
-                families[name] = cls(name, "Pushed by the generation service in ConductorStatus.")
-                families[name].add_metric([], value)
-        if stamp:
-            ts = GaugeMetricFamily("mstar_conductor_status_time_seconds",
-                                   "Unix time of the latest ConductorStatus snapshot.", value=stamp)
-            yield ts
+        stamps = GaugeMetricFamily("mstar_conductor_status_time_seconds",
+                                   "Unix time of the latest ConductorStatus snapshot.", labels=["replica"])
+        for replica, (rows, stamp) in sorted(latest.items()):
+            stamps.add_metric([replica], stamp)
+            for name, counter, value in rows:
+                if name not in families:
+                    cls = CounterMetricFamily if counter else GaugeMetricFamily
+                    families[name] = cls(name, "Pushed by the generation service in ConductorStatus.",
+                                         labels=["replica"])
+                families[name].add_metric([replica], value)
+        if latest:
+            yield stamps
         yield from families.values()
 
 

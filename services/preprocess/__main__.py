@@ -1,8 +1,9 @@
-"""`python -m services.preprocess --model default|PATH --generation HOST:PORT --port N`.
+"""`python -m services.preprocess --model default|PATH --generation HOST:PORT[,...] --port N`.
 
-Loads the tokenizer and template (no weights), connects the multiplexed stream to the generation
-service, and serves mstar.v1.InferenceService with health (following the backend's health),
-reflection and graceful SIGTERM. Logs the bound port (port 0 picks a free one).
+Loads the tokenizer and template (no weights), keeps one multiplexed stream to every generation
+replica and routes each request to one of them (docs/design.md, "Scale-out"), and serves
+mstar.v1.InferenceService with health (SERVING while any generation replica is), reflection and
+graceful SIGTERM. Logs the bound port (port 0 picks a free one).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import socket
 from pathlib import Path
 
 from mstar.v1 import inference_service_pb2_grpc as api_grpc
@@ -19,11 +21,15 @@ from services.common.logs import setup_logging
 from services.common.metrics import PreprocessMetrics, start_metrics_server
 from services.common.server import GrpcServer
 from services.preprocess.admission import Admission, AdmissionLimits
-from services.preprocess.backend import GenerationBackend
 from services.preprocess.limits import Limits
 from services.preprocess.media import FileReader
 from services.preprocess.model import load_model
+from services.preprocess.peers import Peers
+from services.preprocess.replica_metrics import ReplicaMetrics
+from services.preprocess.replica_pool import PoolConfig, ReplicaPool
 from services.preprocess.request_run import Deps
+from services.preprocess.resolver import Resolver, address
+from services.preprocess.routing import RoutingConfig
 from services.preprocess.servicer import InferenceServicer
 
 log = logging.getLogger("services.preprocess")
@@ -32,7 +38,26 @@ log = logging.getLogger("services.preprocess")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m services.preprocess", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="default", help="'default', a .gguf file or a HF tokenizer directory")
-    p.add_argument("--generation", default="127.0.0.1:50052", help="generation service address")
+    p.add_argument("--generation", default="127.0.0.1:50052",
+                   help="generation replicas: HOST:PORT[,HOST:PORT...]; a DNS name stands for every address it "
+                        "resolves to (e.g. a Kubernetes headless Service)")
+    p.add_argument("--generation-resolve-s", type=float, default=5.0, help="re-resolve --generation this often")
+    p.add_argument("--routing-block-size", type=int, default=16,
+                   help="tokens per KV block for prefix affinity; = the generation service's --block-size")
+    p.add_argument("--routing-affinity-blocks", type=int, default=4,
+                   help="full blocks hashed into a prompt's affinity key (rendezvous hashing)")
+    p.add_argument("--routing-load-margin", type=float, default=8.0,
+                   help="requests a prompt's preferred replica may carry above the least-loaded one")
+    p.add_argument("--routing-kv-weight", type=float, default=8.0, help="a full KV cache counts as this many requests")
+    p.add_argument("--prefix-index", action=argparse.BooleanOptionalAction, default=True,
+                   help="route a prompt to where this preprocess sent its longest known prefix (else rendezvous only)")
+    p.add_argument("--failover-attempts", type=int, default=3,
+                   help="replicas one request may be tried on (a request lost before its first token moves)")
+    p.add_argument("--peers", default="",
+                   help="every preprocess replica (same syntax as --generation; this one is skipped): "
+                        "Append/Cancel for a request another replica runs are forwarded there")
+    p.add_argument("--advertise", default=None,
+                   help="HOST:PORT the peers know this replica by (default: this host's address and --port)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50051, help="0 picks a free port (logged)")
     p.add_argument("--max-requests", type=int, default=64, help="admission: requests in flight")
@@ -61,8 +86,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "often it appends")
     p.add_argument("--grace-s", type=float, default=20.0, help="SIGTERM drain period")
     p.add_argument("--backend-stall-s", type=float, default=5.0,
-                   help="a generation stream silent this long (no heartbeat) is stalled: its requests fail, "
-                        "health NOT_SERVING")
+                   help="a generation replica's stream silent this long (no heartbeat) is stalled: its "
+                        "requests move to another replica (no token yet) or fail; it takes no new ones")
+    p.add_argument("--drain-accept-s", type=float, default=2.0,
+                   help="after SIGTERM, keep taking new requests this long (health already NOT_SERVING) so a "
+                        "load balancer stops sending before they are refused; Envoy needs 2 health checks")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0 = any); off if unset")
     p.add_argument("--otlp-endpoint", default=None,
                    help="export OpenTelemetry spans (OTLP/gRPC) here; default OTEL_EXPORTER_OTLP_ENDPOINT, else none")
@@ -85,16 +113,21 @@ async def serve(args: argparse.Namespace) -> None:
     metrics.watch_serving(server.state)
     if args.metrics_port is not None:
         log.info("metrics", extra={"port": start_metrics_server(args.host, args.metrics_port, metrics.registry)})
-    # Health follows the backend: the dependency "generation" is down until the stream is up.
-    backend = GenerationBackend(args.generation, state=server.state, on_status=metrics.on_conductor_status,
-                                stall_s=args.backend_stall_s)
+    replica_metrics = ReplicaMetrics(metrics.registry, metrics.conductor)
+    # Health follows the generation replicas: the dependency "generation" is down until one serves.
+    pool = ReplicaPool(
+        Resolver(args.generation), pool_config(args), state=server.state,
+        on_status=lambda replica, status: metrics.on_conductor_status(status, replica),
+        events=replica_metrics,
+    )
+    replica_metrics.watch(pool)
     admission = Admission(AdmissionLimits.sized(
         args.max_requests, args.max_prompt_tokens, max_requests_per_client=args.max_requests_per_client,
         max_open_inputs=args.max_open_inputs, max_open_inputs_per_client=args.max_open_inputs_per_client))
     metrics.watch_admission(admission)
     deps = Deps(
         model=model,
-        backend=backend,
+        backend=pool,
         admission=admission,
         limits=limits,
         files=FileReader(args.file_root, args.max_file_bytes),
@@ -105,17 +138,37 @@ async def serve(args: argparse.Namespace) -> None:
     servicer = InferenceServicer(deps, server.state, metrics)
     server.add(api_grpc.add_InferenceServiceServicer_to_server, servicer, "mstar.v1.InferenceService")
     port = await server.start()
+    servicer.peers = Peers(Resolver(args.peers) if args.peers else None, args.advertise or advertised(args.host, port),
+                           resolve_interval_s=args.generation_resolve_s)
+    servicer.peers.start()
     server.state.serve()
-    backend.start()
-    log.info("preprocess ready", extra={"port": port, "model": model.name, "generation": args.generation})
+    pool.start()
+    log.info("preprocess ready", extra={"port": port, "model": model.name, "generation": args.generation,
+                                        "advertise": servicer.peers.advertise})
     print(f"preprocess listening on port {port}", flush=True)
 
     async def on_drain(grace_s: float) -> None:
-        await servicer.drain(grace_s)
-        await backend.close()
+        await servicer.drain(grace_s, args.drain_accept_s)
+        await pool.close()
+        await servicer.peers.close()
 
     await server.wait_for_shutdown(args.grace_s, on_drain=on_drain)
     tracing.shutdown()
+
+
+def pool_config(args: argparse.Namespace) -> PoolConfig:
+    routing = RoutingConfig(block_size=args.routing_block_size, affinity_blocks=args.routing_affinity_blocks,
+                            load_margin=args.routing_load_margin, kv_weight=args.routing_kv_weight)
+    return PoolConfig(routing=routing, prefix_index=args.prefix_index, resolve_interval_s=args.generation_resolve_s,
+                      max_attempts=args.failover_attempts, stall_s=args.backend_stall_s)
+
+
+def advertised(host: str, port: int) -> str:
+    """This replica's address as its peers resolve it: the bound host, or for a wildcard bind the
+    address this host's name resolves to (a pod's or container's IP)."""
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostbyname(socket.gethostname())
+    return address(host, port)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,24 +1,27 @@
-"""The ONE multiplexed GenerationService stream to a generation backend.
+"""The ONE multiplexed GenerationService stream to one generation replica (the replica pool,
+services/preprocess/replica_pool.py, keeps one per replica).
 
 One task owns the connection: connect, check grpc.health.v1, open `Stream`, then read frames and
 route every ResultTokens row / terminal frame to the request it belongs to (one bounded
 asyncio.Queue per request). Outgoing frames from all requests go through one queue and are
 batched into as few StreamRequest frames as the loop allows.
 
-If the stream breaks (process killed, GOAWAY, network), every request in flight gets
-BackendFailed(UNAVAILABLE) at once, the backend reports unhealthy (new requests get UNAVAILABLE
-from `submit`) and the task reconnects with exponential backoff. A health Watch on the same
-channel turns the backend unhealthy when the generation service reports NOT_SERVING (draining,
-engine failure) even while the stream is still up.
+If the stream breaks (process killed, GOAWAY, network), every request in flight is `lost` at
+once: re-submitted to another replica by the replica pool when no token came back yet (the
+contract's retry rule), else BackendFailed(UNAVAILABLE). The backend reports unhealthy (new
+requests get UNAVAILABLE from `attach`) and the task reconnects with exponential backoff. A
+health Watch on the same channel turns the backend unhealthy when the generation service reports
+NOT_SERVING (draining, engine failure) even while the stream is still up.
 
 A generation process that stops without closing anything (SIGSTOP, a frozen host, a partition)
 breaks no connection and reports nothing. The stream asks for a ConductorStatus every
 `heartbeat_s`; when nothing at all arrives for `stall_s`, the backend is unhealthy (GENERATION
-_STALLED): the requests in flight fail with UNAVAILABLE at once (and are aborted, so a generation
-that wakes up frees them), new ones are refused, and the preprocess health says NOT_SERVING, so
-Envoy stops sending. The next frame from the stream makes it healthy again.
+_STALLED): the requests in flight are aborted there (so a generation that wakes up frees them)
+and `lost` like on a broken stream, new ones are refused, and the backend is unhealthy until the
+next frame from the stream.
 
-Health is reported to the process's ServingState as the dependency "generation".
+Health changes go to `on_health`: the replica pool, which reports the process's dependency
+"generation" (services/common/serving.py) for all replicas together.
 
 Internal request keys are short counters ("r1f"), unique per backend, so an id reused right
 after an abort can never receive the old request's late frames, and every engine-step frame,
@@ -31,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -43,7 +47,6 @@ from mstar.v1 import messages_pb2 as pb
 from services.common import tracing
 from services.common.errors import Code, MstarError, from_code, unavailable
 from services.common.server import channel_options
-from services.common.serving import ServingState
 from services.preprocess.request import Sampling, TokenLogprobs
 from services.preprocess.wire import sampling_pb
 
@@ -85,11 +88,33 @@ BackendEvent = TokenStep | Heartbeat | BackendFinished | BackendFailed
 
 
 class BackendRequest:
-    """One request's handle on the shared stream: its event queue, append and abort."""
+    """One request's handle on the generation side: its event queue, append and abort.
 
-    def __init__(self, backend: GenerationBackend, key: str, queue_size: int) -> None:
-        self._backend = backend
-        self.key = key
+    The handle outlives the stream it started on. When that stream breaks (or goes silent, or the
+    engine ends the request with UNAVAILABLE), `lost` offers it to the `failover` hook (set by the
+    replica pool). The contract's retry rule allows running it again only if no token came back
+    yet (`tokens_received`); then the pool re-submits it, with every prompt token received so
+    far, on another replica under a new key, and the reader of `queue` never notices. Otherwise
+    it fails.
+    """
+
+    def __init__(
+        self, request_id: str, prompt_ids: list[int], model_kwargs: pb.ModelKwargs, input_open: bool, queue_size: int
+    ) -> None:
+        self.request_id = request_id
+        # Every prompt token so far (start + appends): what a failover re-submits. int32 array:
+        # vocabulary ids, 4 bytes each instead of a Python int object per token.
+        self.prompt_ids = array("i", prompt_ids)
+        self.input_open = input_open
+        self.model_kwargs = model_kwargs
+        # The stream is shared by many traces: each request carries its own (the RPC's span, taken
+        # here, in the RPC's context, and sent again with every failover).
+        self.trace_context = tracing.inject()
+        self.backend: GenerationBackend | None = None  # the stream of the current attempt
+        self.key = ""  # the short per-stream key of the current attempt ("r1f")
+        self.tried: list[str] = []  # replica addresses of every attempt, first to current
+        self.failover: Callable[[BackendRequest, MstarError], bool] | None = None
+        self.tokens_received = False
         # queue_size events at most, plus one slot kept for the request's terminal event, so a
         # reader that is behind still gets every token and then the finish, never a finish alone.
         self._max_pending = queue_size
@@ -99,23 +124,30 @@ class BackendRequest:
     def append(self, token_ids: list[int], end: bool) -> None:
         if self.ended:
             return
+        self.prompt_ids.extend(token_ids)
+        self.input_open = self.input_open and not end
         chunk = pb.PromptPart(modality=pb.MODALITY_TOKENS, token_ids=pb.TokenIds(ids=token_ids))
         append = pb.ClientAppend(
             request_id=self.key, chunks=[chunk], ends=[pb.MODALITY_TOKENS] if end else []
         )
-        self._backend._send(gen_pb2.ClientFrame(client_append=append))
+        self.backend._send(gen_pb2.ClientFrame(client_append=append))
 
     def stop_early(self, reason: str) -> None:
         """Stop generating but keep listening: the engine ends the request with a RequestComplete
         (cancelled) that still carries its usage and timings (a stop string matched here)."""
-        if not self.ended and self.key in self._backend._requests:
-            self._backend._send(gen_pb2.ClientFrame(abort=gen_pb2.Abort(request_id=self.key, reason=reason[:256])))
+        if not self.ended and self.backend is not None and self.key in self.backend._requests:
+            self.backend._send(gen_pb2.ClientFrame(abort=gen_pb2.Abort(request_id=self.key, reason=reason[:256])))
 
     def abort(self, reason: str) -> None:
         """Stop generating for this request. Idempotent; safe from any finally-path."""
-        if self._backend._requests.pop(self.key, None) is not None:
-            self._backend._send(gen_pb2.ClientFrame(abort=gen_pb2.Abort(request_id=self.key, reason=reason[:256])))
+        self.detach(reason)
         self.ended = True
+
+    def detach(self, reason: str) -> None:
+        """Abort the current attempt on its stream, keeping the handle (failover may move it)."""
+        backend = self.backend
+        if backend is not None and backend._requests.pop(self.key, None) is not None:
+            backend._send(gen_pb2.ClientFrame(abort=gen_pb2.Abort(request_id=self.key, reason=reason[:256])))
 
     def end_locally(self, event: object, reason: str) -> None:
         """Abort in the engine and make `event` the last thing the reader sees (cancel, local
@@ -126,6 +158,15 @@ class BackendRequest:
         while self.queue.full():
             self.queue.get_nowait()
         self.queue.put_nowait(event)
+
+    def lost(self, error: MstarError) -> None:
+        """The current replica lost this request (its stream broke, or the engine ended it with
+        UNAVAILABLE): run it elsewhere if the failover hook can, else fail it with `error`."""
+        if self.ended:
+            return
+        if self.failover is not None and self.failover(self, error):
+            return
+        self.deliver(BackendFailed(error))
 
     def deliver(self, event: BackendEvent) -> None:
         """Queue an event; a request whose reader fell `queue_size` events behind is failed
@@ -142,6 +183,8 @@ class BackendRequest:
                 self.queue.get_nowait()
         if terminal:
             self.ended = True
+        elif isinstance(event, TokenStep):
+            self.tokens_received = True  # from now on a lost stream fails the request (no retry)
         self.queue.put_nowait(event)  # a terminal event always fits: the spare slot
 
 
@@ -153,7 +196,7 @@ class GenerationBackend:
         queue_size: int = 1024,
         connect_timeout_s: float = 2.0,
         max_backoff_s: float = 2.0,
-        state: ServingState | None = None,
+        on_health: Callable[[bool], None] | None = None,
         on_status: Callable[[gen_pb2.ConductorStatus], None] | None = None,
         heartbeat_s: float = 0.5,
         stall_s: float = 5.0,
@@ -162,7 +205,7 @@ class GenerationBackend:
         self._queue_size = queue_size
         self._connect_timeout_s = connect_timeout_s
         self._max_backoff_s = max_backoff_s
-        self._state = state
+        self._on_health = on_health
         self._on_status = on_status
         self._heartbeat_s = heartbeat_s
         self._stall_s = stall_s
@@ -201,27 +244,26 @@ class GenerationBackend:
             await asyncio.gather(self._task, return_exceptions=True)
         self._fail_all(unavailable("preprocess service shutting down"))
 
-    def submit(
-        self, request_id: str, prompt_ids: list[int], sampling: Sampling, max_tokens: int, input_open: bool
-    ) -> BackendRequest:
-        """Start a request on the stream, or raise UNAVAILABLE while the backend is down."""
+    def attach(self, request: BackendRequest) -> None:
+        """Run `request` on this stream under a fresh key: its first attempt, or a failover from
+        another replica (with every prompt token so far). UNAVAILABLE while the backend is down.
+        (services/preprocess/replica_pool.py decides which backend; requests start there.)"""
         if not self._healthy or self._outbox is None:
             raise unavailable(f"generation backend {self.target} is unavailable")
         key = f"r{next(self._counter):x}"
-        request = BackendRequest(self, key, self._queue_size)
+        request.backend, request.key = self, key
+        request.tried.append(self.target)
         self._requests[key] = request
         start = pb.PreprocessInput(
             request_id=key,
-            client_request_id=request_id,
-            prompt_parts=[pb.PromptPart(modality=pb.MODALITY_TOKENS, token_ids=pb.TokenIds(ids=prompt_ids))],
-            input_modalities=[pb.MODALITY_TOKENS] if input_open else [],
+            client_request_id=request.request_id,
+            prompt_parts=[pb.PromptPart(modality=pb.MODALITY_TOKENS, token_ids=pb.TokenIds(ids=request.prompt_ids))],
+            input_modalities=[pb.MODALITY_TOKENS] if request.input_open else [],
             output_modalities=[pb.MODALITY_TOKENS],
-            model_kwargs=pb.ModelKwargs(sampling=_sampling_pb(sampling, max_tokens)),
-            # The stream is shared by many traces: each request carries its own (the RPC's span).
-            trace_context=tracing.inject(),
+            model_kwargs=request.model_kwargs,
+            trace_context=request.trace_context,
         )
         self._send(gen_pb2.ClientFrame(preprocess_input=start))
-        return request
 
     # ---- connection
 
@@ -239,12 +281,14 @@ class GenerationBackend:
         else:
             reason, why = "", ""
         healthy = not reason
-        if healthy != self._healthy:
+        changed = healthy != self._healthy
+        if changed:
             log.log(logging.INFO if healthy else logging.WARNING, "generation backend health",
                     extra={"target": self.target, "healthy": healthy, "reason": reason})
         self._healthy = healthy
-        if self._state is not None:
-            self._state.set_dependency("generation", healthy, reason, why)
+        self.unhealthy_reason = (reason, why)
+        if changed and self._on_health is not None:
+            self._on_health(healthy)
 
     def _set(self, **flags: bool) -> None:
         for name, value in flags.items():
@@ -317,12 +361,13 @@ class GenerationBackend:
                 error = unavailable(f"the generation service sent nothing for {silent_for:.1f} s",
                                     reason="BACKEND_STALLED")
                 for request in list(self._requests.values()):
-                    request.end_locally(BackendFailed(error), "generation stalled")
+                    request.detach("generation stalled")  # a generation that wakes up frees it
+                    request.lost(error)
 
     def _fail_all(self, error: MstarError) -> None:
         requests, self._requests = self._requests, {}
         for request in requests.values():
-            request.deliver(BackendFailed(error))
+            request.lost(error)
 
     def _dispatch(self, response: gen_pb2.StreamResponse) -> None:
         for frame in response.frames:
@@ -343,7 +388,11 @@ class GenerationBackend:
                 if request is not None:
                     code = from_code(failed.code)  # an unset code is INTERNAL, never OK
                     reason = failed.reason or code.name
-                    request.deliver(BackendFailed(MstarError(code, reason, failed.message or reason)))
+                    error = MstarError(code, reason, failed.message or reason)
+                    if code == Code.UNAVAILABLE:  # draining or failed engine: retryable elsewhere
+                        request.lost(error)
+                    else:
+                        request.deliver(BackendFailed(error))
 
     def _dispatch_tokens(self, frame: gen_pb2.ResultTokens) -> None:
         heartbeat = frame.signal == gen_pb2.SIGNAL_HEARTBEAT
@@ -385,11 +434,12 @@ async def _frames(outbox: asyncio.Queue[gen_pb2.ClientFrame | None]):
         yield gen_pb2.StreamRequest(frames=batch)
 
 
-def _sampling_pb(s: Sampling, max_tokens: int) -> pb.SamplingParams:
-    # Stop strings are matched here on text; the engine only sees token-level stops, the
-    # effective max_tokens and one completion (n > 1 fans out above this layer).
+def engine_kwargs(s: Sampling, max_tokens: int) -> pb.ModelKwargs:
+    """What the engine is told about sampling. Stop strings are matched here on text; the engine
+    only sees token-level stops, the effective max_tokens and one completion (n > 1 fans out
+    above this layer)."""
     engine_side = replace(s, stop=(), include_stop=False, max_tokens=max_tokens, n=1)
-    return sampling_pb(engine_side)
+    return pb.ModelKwargs(sampling=sampling_pb(engine_side))
 
 
 def _finished(done: pb.RequestComplete) -> BackendFinished:

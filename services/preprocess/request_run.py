@@ -22,7 +22,6 @@ from services.preprocess.backend import (
     BackendFailed,
     BackendFinished,
     BackendRequest,
-    GenerationBackend,
     Heartbeat,
     TokenStep,
 )
@@ -31,6 +30,7 @@ from services.preprocess.limits import Limits
 from services.preprocess.media import FileReader
 from services.preprocess.model import ModelSpec
 from services.preprocess.prompt import PromptBuilder
+from services.preprocess.replica_pool import ReplicaPool
 from services.preprocess.request import (
     Accepted,
     AppendSpec,
@@ -50,7 +50,7 @@ class Deps:
     """What every request needs from the server."""
 
     model: ModelSpec
-    backend: GenerationBackend
+    backend: ReplicaPool  # every generation replica; submit() routes and starts a request
     admission: Admission
     limits: Limits
     files: FileReader

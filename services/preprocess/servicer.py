@@ -30,9 +30,10 @@ from services.common import contract, errors
 from services.common.errors import MstarError, already_exists, not_found, quote
 from services.common.metrics import PreprocessMetrics, timing_metadata
 from services.common.serving import ServingState
-from services.preprocess import client, wire
+from services.preprocess import client, peers, wire
 from services.preprocess import limits as caps
 from services.preprocess.openai.routes import OpenAIRoutes
+from services.preprocess.peers import Peers
 from services.preprocess.request import Chunk, Complete, Failed
 from services.preprocess.request_run import Deps, InputBudget, RequestRun
 
@@ -50,6 +51,10 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         self.metrics = metrics or PreprocessMetrics()  # unserved unless __main__ passes a served one
         self._runs: dict[str, RequestRun] = {}
         self._created = int(time.time())
+        # The other preprocess replicas (Append/Cancel for requests they run; the owner tag in
+        # server-assigned ids). Alone by default; __main__ sets the real one once the port is bound.
+        self.peers = Peers(None, advertise="")
+        self._accept_until = 0.0  # draining, but still taking new requests until then (drain())
 
     @property
     def num_running(self) -> int:
@@ -58,8 +63,9 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
     # ---- request lifecycle shared by all RPCs
 
     def _begin(self, spec, budget: InputBudget, client_key: str) -> tuple[RequestRun, object]:
-        refusal = self.state.refusal()  # starting, draining, failed, or the generation backend is down
-        if refusal is not None:
+        refusal = self.state.refusal()  # starting, draining, failed, or no generation replica serves
+        if refusal is not None and not (refusal.reason == "DRAINING" and time.monotonic() < self._accept_until):
+            refusal.refused = True  # nothing started: Envoy may run it on another replica
             raise refusal
         if spec.model and spec.model not in (self._deps.model.name, "default"):
             raise not_found(f"model {quote(spec.model)} is not served (see ListModels)", reason="MODEL_NOT_FOUND")
@@ -122,7 +128,7 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
             budget = InputBudget(self._deps.limits)
             budget.charge(request.ByteSize(), is_append=False)
             self._check(request, request.input, "input")
-            spec = wire.request_spec(request.input)
+            spec = wire.request_spec(request.input, self.peers.new_request_id)
             if spec.open_inputs and not request.input.request_id:
                 # Unary Generate never reveals a server-assigned id, so nobody could Append to
                 # it: the request would hold an admission slot until Envoy's idle timeout
@@ -172,7 +178,7 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
                 budget = InputBudget(self._deps.limits)
                 budget.charge(inp.ByteSize(), is_append=False)
                 self._check(inp, inp, "input", prefix="input")
-                spec = wire.request_spec(inp)
+                spec = wire.request_spec(inp, self.peers.new_request_id)
                 run, accepted = self._begin(spec, budget, client.of_context(context))
                 started.append(run)
             except MstarError as err:
@@ -240,7 +246,7 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
             start = message.start
             try:
                 self._check(start, start, "start", prefix="start")
-                spec = wire.request_spec(start)
+                spec = wire.request_spec(start, self.peers.new_request_id)
                 run, accepted = self._begin(spec, budget, client_key)
             except MstarError as err:
                 # Per-request errors never end the session. Attributed to the chosen id only if
@@ -257,7 +263,10 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         elif action == "append":
             try:
                 self._check(message, message.append, "append")
-                self._append(wire.append_spec(message.append), charged=True)
+                if message.append.request_id in self._runs:
+                    self._append(wire.append_spec(message.append), charged=True)
+                else:  # started through another replica
+                    await self.peers.append(api.AppendRequest(append=message.append))
             except MstarError as err:
                 run = self._runs.get(message.append.request_id)
                 if run is None or not run.ended:
@@ -272,6 +281,8 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
             run = self._runs.get(message.cancel.request_id)
             if run is not None:
                 run.cancel()
+            else:
+                await self.peers.cancel(api.CancelRequest(request_id=message.cancel.request_id))
 
     def _is_free_id(self, request_id: str) -> bool:
         return (0 < len(request_id) <= _ID.max_len and re.fullmatch(_ID.pattern, request_id) is not None
@@ -287,6 +298,8 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
     async def Append(self, request: api.AppendRequest, context) -> api.AppendResponse:
         try:
             self._check(request, request.append, "append")
+            if request.append.request_id not in self._runs and not peers.is_forwarded(context):
+                return await self.peers.append(request)  # the owner's answer (or NOT_FOUND)
             run = self._append(wire.append_spec(request.append))
             return api.AppendResponse(
                 request_id=run.request_id, prompt_tokens=run.prompt_tokens, input_ended=run.input_done
@@ -300,6 +313,11 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
         except MstarError as err:
             await errors.abort(context, err)
         run = self._runs.get(request.request_id)
+        if run is None and not peers.is_forwarded(context):
+            try:
+                return await self.peers.cancel(request)
+            except MstarError as err:
+                await errors.abort(context, err)
         return api.CancelResponse(request_id=request.request_id, cancelled=bool(run and run.cancel()))
 
     async def ListModels(self, request: api.ListModelsRequest, context) -> api.ListModelsResponse:
@@ -318,10 +336,14 @@ class InferenceServicer(OpenAIRoutes, api_grpc.InferenceServiceServicer):
             ],
         )
 
-    async def drain(self, grace_s: float) -> None:
-        """SIGTERM (the state is DRAINING: new requests are refused): let running ones finish
-        within the grace period, then cancel the rest."""
+    async def drain(self, grace_s: float, accept_s: float = 0.0) -> None:
+        """SIGTERM (the state is DRAINING, health NOT_SERVING): keep taking new requests for
+        `accept_s`, the time Envoy's health checks need to stop sending any (refusing them at once
+        would lean on retries, and least-request keeps picking the replica that is emptying), then
+        refuse new requests and let running ones finish within the grace period."""
         deadline = time.monotonic() + grace_s
+        self._accept_until = time.monotonic() + min(accept_s, grace_s)
+        await asyncio.sleep(min(accept_s, grace_s))
         while self._runs and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         for run in list(self._runs.values()):

@@ -4,6 +4,7 @@ the backend that touches generated types)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 from google.protobuf import timestamp_pb2
 from mstar.v1 import inference_service_pb2 as api
@@ -93,7 +94,8 @@ def min_prompt_tokens(parts, max_token_bytes: int, *texts: str) -> int:
     return ids + chars // max_token_bytes
 
 
-def request_spec(msg: pb.PreprocessInput) -> RequestSpec:
+def request_spec(msg: pb.PreprocessInput, new_id: Callable[[], str] = lambda: uuid.uuid4().hex) -> RequestSpec:
+    """The domain spec of a start message; `new_id` names a request whose client chose no id."""
     sampling_pb = msg.model_kwargs.sampling
     values = {n: getattr(sampling_pb, n) for n in _OPTIONAL_SAMPLING if sampling_pb.HasField(n)}
     sampling = Sampling(
@@ -106,7 +108,7 @@ def request_spec(msg: pb.PreprocessInput) -> RequestSpec:
     opened = {modality(m, "input.input_modalities") for m in msg.input_modalities}
     ended = {modality(m, "input.ends") for m in msg.ends}
     return RequestSpec(
-        request_id=msg.request_id or uuid.uuid4().hex,
+        request_id=msg.request_id or new_id(),
         client_request_id=msg.client_request_id,
         model=msg.model,
         text=msg.text,

@@ -6,6 +6,9 @@ MSTAR_GENERATION_PORT / MSTAR_GENERATION_METRICS_PORT / MSTAR_PREPROCESS_METRICS
 else 8080 / 9901 / 50051 / 50052 / 9101 / 9102 / default. MSTAR_DEFAULT_MAX_TOKENS sets the
 max_tokens of requests that give none (default: whatever fits in the context); MSTAR_OTLP_ENDPOINT
 (HOST:PORT) exports OpenTelemetry spans of all three to that collector (default: none).
+Replicas: --generation-replicas / --preprocess-replicas, else MSTAR_GENERATION_REPLICAS /
+MSTAR_PREPROCESS_REPLICAS, else 1; replica i of a service listens on its base port + 2·i (its
+metrics port too).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(env MSTAR_OTLP_ENDPOINT); default: none exported")
     p.add_argument("--default-max-tokens", type=int,
                    help="max_tokens of a request that sets none (env MSTAR_DEFAULT_MAX_TOKENS); default: what fits")
+    p.add_argument("--generation-replicas", type=int, help="generation processes (env MSTAR_GENERATION_REPLICAS)")
+    p.add_argument("--preprocess-replicas", type=int, help="preprocess processes (env MSTAR_PREPROCESS_REPLICAS)")
     p.add_argument("--null-engine", action="store_true", help="generation without a model (plumbing tests)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"],
                    help="model dtype (env MSTAR_DTYPE); auto = float32 on CPU, bfloat16 on CUDA")
@@ -49,7 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def banner(stack: Stack) -> str:
     t = stack.timings_s
     url = stack.http_url
-    metrics = stack.metrics_urls
+    metrics_lines = "\n                     ".join(f"{url}  ({name})" for name, url in stack.metrics_urls.items())
     return f"""
 mstar is ready in {t['ready']:.1f} s (generation {t['generation']:.1f} s, preprocess {t['preprocess']:.1f} s,
 first request through Envoy {t['first_request'] - t['envoy_upstream']:.2f} s)
@@ -58,18 +63,16 @@ first request through Envoy {t['first_request'] - t['envoy_upstream']:.2f} s)
   OpenAI base_url    {url}/v1
   health             {url}/health
   Envoy admin        {stack.admin_url}   (127.0.0.1 only)
-  preprocess gRPC    {stack.preprocess_target}
-  generation gRPC    {stack.generation_target}
-  metrics            {metrics['generation']}  (generation)
-                     {metrics['preprocess']}  (preprocess)
-                     {metrics['envoy']}  (Envoy)
+  preprocess gRPC    {", ".join(stack.preprocess_targets)}
+  generation gRPC    {", ".join(stack.generation_targets)}
+  metrics            {metrics_lines}
   logs               {stack.log_dir}
 
   curl -N {url}/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{{"model": "default", "stream": true, "max_tokens": 32,
          "messages": [{{"role": "user", "content": "Say hello in French."}}]}}'
 
-A service that exits is restarted (printed here). Ctrl-C stops all three.
+A service that exits is restarted (printed here). Ctrl-C stops them all.
 """
 
 
@@ -80,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         preprocess_port=args.preprocess_port, generation_port=args.generation_port,
         generation_metrics_port=args.generation_metrics_port, preprocess_metrics_port=args.preprocess_metrics_port,
         default_max_tokens=args.default_max_tokens, otlp_endpoint=args.otlp_endpoint,
+        generation_replicas=args.generation_replicas, preprocess_replicas=args.preprocess_replicas,
         log_dir=args.log_dir, ready_timeout_s=args.ready_timeout, null_engine=args.null_engine or None,
         dtype=args.dtype, quantization=args.quantization)
 

@@ -40,10 +40,27 @@ def grpc_serving(target: str, service: str = "") -> Callable[[], bool]:
     return check
 
 
+def all_of(checks) -> Callable[[], bool]:
+    """Every check passes (each replica of a service)."""
+    checks = list(checks)
+    return lambda: all(check() for check in checks)
+
+
 def http_ok(url: str, body: str | None = None) -> Callable[[], bool]:
     def check() -> bool:
         reply = httpx.get(url, timeout=2.0)
         return reply.status_code == 200 and (body is None or reply.text.strip() == body)
+    return check
+
+
+def envoy_hosts_healthy(admin_url: str, cluster: str, count: int) -> Callable[[], bool]:
+    """Envoy's own health checks pass for `count` hosts of `cluster` (every replica takes traffic,
+    not just one: /health is already 200 with one healthy replica)."""
+    def check() -> bool:
+        text = httpx.get(admin_url + "/clusters", timeout=2.0).text
+        healthy = [line for line in text.splitlines()
+                   if line.startswith(cluster + "::") and line.endswith("::health_flags::healthy")]
+        return len(healthy) == count
     return check
 
 

@@ -4,14 +4,20 @@
         httpx.post(stack.http_url + "/v1/generate", ...)
 
 `make run` uses the same class (services/stack/__main__.py). Start order: all three children are
-launched at once (Envoy and preprocess come up while the model loads); ready means both services
-report grpc.health SERVING, Envoy's admin /ready is LIVE, Envoy's health check sees preprocess
-healthy (GET /health) and one real request through Envoy succeeded. Stop order is the reverse
+launched at once (Envoy and preprocess come up while the model loads); ready means every service
+process reports grpc.health SERVING, Envoy's admin /ready is LIVE, Envoy's health checks see
+every preprocess replica healthy and one real request through Envoy succeeded. Stop order is the reverse
 of the request path: Envoy (no new traffic), preprocess, generation.
 
 Both services serve Prometheus metrics on their own ports (`generation_metrics_port`,
 `preprocess_metrics_port`); `restart(name)` starts one child again with the same command line
 (services/stack/supervisor.py does that when a child exits).
+
+Replicas (`generation_replicas`, `preprocess_replicas`; `make run` reads MSTAR_GENERATION_REPLICAS
+and MSTAR_PREPROCESS_REPLICAS): replica i of a service listens on its base port + 2·i, metrics
+included (the services' ports interleave: 50051, 50053 ... preprocess; 50052, 50054 ...
+generation) and is the child "generation" / "generation-1" / ...; every preprocess gets every
+generation replica and its peers, and Envoy balances over every preprocess.
 """
 
 from __future__ import annotations
@@ -27,9 +33,11 @@ from pathlib import Path
 from deploy.envoy.render import VARIANTS, EnvoySettings
 from services.stack import readiness
 from services.stack.envoy import start_envoy
-from services.stack.ports import free_port
+from services.stack.ports import free_ports_with_stride
 from services.stack.process import Child
 
+REPLICAS = {"generation_replicas": "MSTAR_GENERATION_REPLICAS", "preprocess_replicas": "MSTAR_PREPROCESS_REPLICAS"}
+PORT_STRIDE = 2  # replica i listens on base + 2·i
 ENV_PORTS = {
     "http_port": "MSTAR_HTTP_PORT",
     "admin_port": "MSTAR_ADMIN_PORT",
@@ -54,6 +62,9 @@ class StackConfig:
     default_max_tokens: int | None = None
     # OpenTelemetry collector (OTLP/gRPC, HOST:PORT) for the spans of Envoy and both services; none = no export.
     otlp_endpoint: str | None = None
+    generation_replicas: int = 1
+    preprocess_replicas: int = 1
+    generation_model: str | None = None  # what generation loads, when not `model` (tests: a tiny one)
     null_engine: bool = False
     dtype: str = "auto"  # generation --dtype: auto = fp32 on CPU (HF parity), bf16 on CUDA
     quantization: str = "none"  # generation --quantization: gguf = the GGUF's 4-bit weights as they are
@@ -76,13 +87,35 @@ class StackConfig:
             values["default_max_tokens"] = int(os.environ["MSTAR_DEFAULT_MAX_TOKENS"])
         if os.environ.get("MSTAR_OTLP_ENDPOINT"):
             values["otlp_endpoint"] = os.environ["MSTAR_OTLP_ENDPOINT"]
+        for name, var in REPLICAS.items():
+            if os.environ.get(var):
+                values[name] = int(os.environ[var])
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
 
     @classmethod
     def with_free_ports(cls, **overrides: object) -> StackConfig:
-        ports = {name: free_port() for name in ENV_PORTS}
+        replicas = max(int(overrides.get(name, 1)) for name in REPLICAS)  # type: ignore[call-overload]
+        taken: set[int] = set()
+        ports = {name: free_ports_with_stride(replicas, PORT_STRIDE, taken) for name in ENV_PORTS}
         return cls(**{**ports, **overrides})  # type: ignore[arg-type]
+
+    def generation_ports(self, base: int | None = None) -> list[int]:
+        base = self.generation_port if base is None else base
+        return [base + PORT_STRIDE * i for i in range(self.generation_replicas)]
+
+    def preprocess_ports(self, base: int | None = None) -> list[int]:
+        base = self.preprocess_port if base is None else base
+        return [base + PORT_STRIDE * i for i in range(self.preprocess_replicas)]
+
+
+def replica_name(service: str, i: int) -> str:
+    """The child name of replica i ("generation", "generation-1", ...): replica 0 keeps the plain name."""
+    return service if i == 0 else f"{service}-{i}"
+
+
+def replica_index(name: str) -> int:
+    return int(name.rsplit("-", 1)[1]) if "-" in name else 0
 
 
 class Stack:
@@ -114,11 +147,23 @@ class Stack:
         return f"{self.config.host}:{self.config.generation_port}"
 
     @property
+    def preprocess_targets(self) -> list[str]:
+        return [f"{self.config.host}:{port}" for port in self.config.preprocess_ports()]
+
+    @property
+    def generation_targets(self) -> list[str]:
+        return [f"{self.config.host}:{port}" for port in self.config.generation_ports()]
+
+    @property
     def metrics_urls(self) -> dict[str, str]:
+        """/metrics of every process, by child name (Envoy's Prometheus stats under "envoy")."""
         c = self.config
-        return {"generation": f"http://{c.host}:{c.generation_metrics_port}/metrics",
-                "preprocess": f"http://{c.host}:{c.preprocess_metrics_port}/metrics",
-                "envoy": f"{self.admin_url}/stats/prometheus"}
+        urls = {replica_name("generation", i): f"http://{c.host}:{port}/metrics"
+                for i, port in enumerate(c.generation_ports(c.generation_metrics_port))}
+        urls.update({replica_name("preprocess", i): f"http://{c.host}:{port}/metrics"
+                     for i, port in enumerate(c.preprocess_ports(c.preprocess_metrics_port))})
+        urls["envoy"] = f"{self.admin_url}/stats/prometheus"
+        return urls
 
     def envoy_settings(self, **overrides: object) -> EnvoySettings:
         tracing: dict[str, object] = {}
@@ -127,31 +172,18 @@ class Stack:
             tracing = {"otlp_host": host, "otlp_port": int(port)}
         return replace(VARIANTS["local"], http_port=self.config.http_port, admin_port=self.config.admin_port,
                        upstream_host=self.config.host, upstream_port=self.config.preprocess_port,
+                       upstream_ports=tuple(self.config.preprocess_ports()),
                        **{**tracing, **self.config.envoy_overrides, **overrides})
 
     # ---- lifecycle
     def start(self) -> Stack:
-        c = self.config
         t0 = time.monotonic()
-        py = sys.executable
-        gen_argv = [py, "-m", "services.generation", "--model", c.model, "--host", c.host,
-                    "--port", str(c.generation_port), "--metrics-port", str(c.generation_metrics_port)]
-        otlp = ["--otlp-endpoint", c.otlp_endpoint] if c.otlp_endpoint else []
-        gen_argv += otlp
-        if c.null_engine:
-            gen_argv.append("--null-engine")
-        else:
-            gen_argv += ["--dtype", c.dtype, "--quantization", c.quantization]
-        self.children["generation"] = Child("generation", gen_argv + c.generation_args,
-                                            self.log_dir / "generation.log")
-        pre_argv = [py, "-m", "services.preprocess", "--model", c.model, "--generation", self.generation_target,
-                    "--host", c.host, "--port", str(c.preprocess_port),
-                    "--metrics-port", str(c.preprocess_metrics_port)]
-        if c.default_max_tokens is not None:
-            pre_argv += ["--default-max-tokens", str(c.default_max_tokens)]
-        pre_argv += otlp
-        self.children["preprocess"] = Child("preprocess", pre_argv + c.preprocess_args,
-                                            self.log_dir / "preprocess.log")
+        for i in range(self.config.generation_replicas):
+            name = replica_name("generation", i)
+            self.children[name] = Child(name, self.generation_argv(i), self.log_dir / f"{name}.log")
+        for i in range(self.config.preprocess_replicas):
+            name = replica_name("preprocess", i)
+            self.children[name] = Child(name, self.preprocess_argv(i), self.log_dir / f"{name}.log")
         self.children["envoy"] = start_envoy(self.envoy_settings(), self.log_dir)
         try:
             self._wait_ready(t0)
@@ -159,6 +191,33 @@ class Stack:
             self.stop()
             raise
         return self
+
+    def generation_argv(self, i: int) -> list[str]:
+        c = self.config
+        argv = [sys.executable, "-m", "services.generation", "--model", c.generation_model or c.model,
+                "--host", c.host, "--port", str(c.generation_ports()[i]),
+                "--metrics-port", str(c.generation_ports(c.generation_metrics_port)[i])]
+        if c.otlp_endpoint:
+            argv += ["--otlp-endpoint", c.otlp_endpoint]
+        if c.null_engine:
+            argv.append("--null-engine")
+        else:
+            argv += ["--dtype", c.dtype, "--quantization", c.quantization]
+        return argv + c.generation_args
+
+    def preprocess_argv(self, i: int) -> list[str]:
+        c = self.config
+        port = c.preprocess_ports()[i]
+        argv = [sys.executable, "-m", "services.preprocess", "--model", c.model,
+                "--generation", ",".join(self.generation_targets), "--host", c.host, "--port", str(port),
+                "--metrics-port", str(c.preprocess_ports(c.preprocess_metrics_port)[i])]
+        if c.preprocess_replicas > 1:
+            argv += ["--peers", ",".join(self.preprocess_targets), "--advertise", f"{c.host}:{port}"]
+        if c.default_max_tokens is not None:
+            argv += ["--default-max-tokens", str(c.default_max_tokens)]
+        if c.otlp_endpoint:
+            argv += ["--otlp-endpoint", c.otlp_endpoint]
+        return argv + c.preprocess_args
 
     def _alive(self) -> bool:
         return all(child.alive() for child in self.children.values())
@@ -170,19 +229,18 @@ class Stack:
 
     def ready_check(self, name: str) -> Callable[[], bool]:
         """How child `name` says it serves (after a restart)."""
-        return {
-            "generation": readiness.grpc_serving(self.generation_target),
-            "preprocess": readiness.grpc_serving(self.preprocess_target),
-            "envoy": readiness.http_ok(self.admin_url + "/ready", "LIVE"),
-        }[name]
+        if name == "envoy":
+            return readiness.http_ok(self.admin_url + "/ready", "LIVE")
+        targets = self.generation_targets if name.startswith("generation") else self.preprocess_targets
+        return readiness.grpc_serving(targets[replica_index(name)])
 
     def _wait_ready(self, t0: float) -> None:
         timeout = self.config.ready_timeout_s
         steps = [
             ("envoy", readiness.http_ok(self.admin_url + "/ready", "LIVE")),
-            ("generation", readiness.grpc_serving(self.generation_target)),
-            ("preprocess", readiness.grpc_serving(self.preprocess_target)),
-            ("envoy_upstream", readiness.http_ok(self.http_url + "/health")),
+            ("generation", readiness.all_of(readiness.grpc_serving(t) for t in self.generation_targets)),
+            ("preprocess", readiness.all_of(readiness.grpc_serving(t) for t in self.preprocess_targets)),
+            ("envoy_upstream", readiness.envoy_hosts_healthy(self.admin_url, "preprocess", len(self.preprocess_targets))),
             ("first_request", readiness.generate_once(self.http_url, self._auth_headers())),
         ]
         for name, check in steps:
@@ -207,10 +265,9 @@ class Stack:
 
     def stop(self, grace_s: float = 10.0) -> dict[str, int | None]:
         codes = {}
-        for name in ("envoy", "preprocess", "generation"):
-            child = self.children.pop(name, None)
-            if child is not None:
-                codes[name] = child.stop(grace_s)
+        for service in ("envoy", "preprocess", "generation"):
+            for name in [n for n in self.children if n == service or n.startswith(service + "-")]:
+                codes[name] = self.children.pop(name).stop(grace_s)
         return codes
 
     def __enter__(self) -> Stack:

@@ -1,10 +1,11 @@
-"""R28–R29: nothing is retried behind the client's back, and a long silent prefill is kept alive
+"""R28–R29: nothing that may have started is retried behind the client's back, and a long silent prefill is kept alive
 by heartbeats instead of being killed by an idle timeout."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
+import yaml
 
 from deploy.envoy.render import VARIANTS, render
 from tests.reliability import probe
@@ -13,11 +14,21 @@ from tests.reliability.edge import edge
 pytestmark = pytest.mark.reliability
 
 
-def test_r28_envoy_never_retries(tmp_path):
-    """No retry policy anywhere in the config, and an UNAVAILABLE reaches the upstream exactly
-    once: the client alone decides (the contract's retry rules) whether a retry is safe."""
+def test_r28_envoy_replays_only_what_did_not_start(tmp_path):
+    """Envoy retries only requests that provably never started: not delivered (connect failure,
+    REFUSED_STREAM) or refused by a replica before anything ran (the x-mstar-refused trailer of
+    a draining replica; tests/unit/deploy/test_envoy_replicas.py). Any other UNAVAILABLE reaches
+    the upstream exactly once: the client alone decides (the contract's retry rules) whether
+    running it again is safe."""
     for variant in VARIANTS.values():
-        assert "retry_policy" not in render(variant) and "retry_on" not in render(variant)
+        config = yaml.safe_load(render(variant))
+        hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        policies = [hcm["route_config"]["virtual_hosts"][0]["retry_policy"]]
+        policies += [r["route"]["retry_policy"] for r in hcm["route_config"]["virtual_hosts"][0]["routes"]
+                     if "retry_policy" in r.get("route", {})]
+        assert [set(p["retry_on"].split(",")) for p in policies] == [
+            {"connect-failure", "refused-stream", "retriable-headers"}]
+        assert policies[0]["retriable_headers"] == [{"name": "x-mstar-refused", "present_match": True}]
     with edge(tmp_path) as e, httpx.Client(base_url=e.http_url) as c:
         reply = c.get("/v1/models", headers={"x-test-fail": "unavailable"})
         assert reply.status_code == 503, reply.text

@@ -18,11 +18,12 @@ from mstar.v1 import inference_service_pb2_grpc as api_grpc
 
 from services.common.server import GrpcServer
 from services.preprocess.admission import Admission
-from services.preprocess.backend import GenerationBackend
 from services.preprocess.limits import Limits
 from services.preprocess.media import FileReader
 from services.preprocess.model import load_model
+from services.preprocess.replica_pool import ReplicaPool
 from services.preprocess.request_run import Deps
+from services.preprocess.resolver import Resolver
 from services.preprocess.servicer import InferenceServicer
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -51,7 +52,8 @@ def model():
 
 
 class Preprocess:
-    """An in-process preprocess server in front of `generation_target`."""
+    """An in-process preprocess server in front of `generation_target` (one or several replicas,
+    comma-separated)."""
 
     def __init__(self, loop: LoopThread, model, generation_target: str, **kw) -> None:
         self.loop = loop
@@ -61,7 +63,7 @@ class Preprocess:
 
         async def start():
             server = GrpcServer("preprocess", "127.0.0.1", 0)
-            backend = GenerationBackend(generation_target, state=server.state, **kw.get("backend", {}))
+            backend = ReplicaPool(Resolver(generation_target), kw.get("pool_config"), state=server.state)
             deps = Deps(
                 model=model,
                 backend=backend,

@@ -2,7 +2,12 @@
 each request "generates" its own prompt tokens back, one per step, honouring max_tokens,
 streamed input (ClientAppend / ends), Abort and stop_token_ids. Steps are batched like the real
 engine: one StreamResponse per step with a row for every running request. Like the real service it
-pushes a ConductorStatus every `mstar-status-interval-ms` (the preprocess backend's heartbeat)."""
+pushes a ConductorStatus (running / waiting / KV blocks) every `mstar-status-interval-ms` (the
+preprocess backend's heartbeat).
+
+For replica tests: `paused` holds every step (requests stay untouched: no token yet), `refuse`
+ends every new request with RequestFailed UNAVAILABLE (a draining engine), `started` lists the
+request keys this replica received and `prompts` the prompt each arrived with."""
 
 from __future__ import annotations
 
@@ -20,10 +25,27 @@ class FakeGeneration(gen_grpc.GenerationServiceServicer):
         self.aborted: list[str] = []  # public request ids (the internal start's client_request_id)
         self.live: set[str] = set()
         self.public_id: dict[str, str] = {}  # internal key -> public request id
+        self.started: list[str] = []
+        self.prompts: dict[str, list[int]] = {}  # key -> prompt as first received
+        self.paused = False
+        self.refuse = False
 
     async def Stream(self, request_iterator, context):
         requests: dict[str, dict] = {}
         wake = asyncio.Event()
+        out: asyncio.Queue = asyncio.Queue()  # status frames and refusals, between steps
+        interval_ms = int(dict(context.invocation_metadata() or ()).get("mstar-status-interval-ms", "0") or 0)
+
+        async def tick():
+            while True:
+                await asyncio.sleep(interval_ms / 1000)
+                used = sum(len(r["prompt"]) for r in requests.values()) // 16
+                metrics = [gen_pb2.MetricSnapshot(name=n, kind=gen_pb2.METRIC_KIND_GAUGE, value=v) for n, v in (
+                    ("requests_running", len(requests)), ("requests_waiting", 0),
+                    ("kv_blocks_used", used), ("kv_blocks_free", 1000 - used))]
+                out.put_nowait(gen_pb2.StreamResponse(frames=[
+                    gen_pb2.ServerFrame(conductor_status=gen_pb2.ConductorStatus(metrics=metrics))]))
+                wake.set()
 
         async def read():
             async for frame in request_iterator:
@@ -32,6 +54,12 @@ class FakeGeneration(gen_grpc.GenerationServiceServicer):
                     if kind == "preprocess_input":
                         m = env.preprocess_input
                         ids = [i for p in m.prompt_parts for i in p.token_ids.ids]
+                        self.started.append(m.request_id)
+                        self.prompts[m.request_id] = list(ids)
+                        if self.refuse:
+                            failed = pb.RequestFailed(request_id=m.request_id, code=14, reason="SHUTTING_DOWN")
+                            out.put_nowait(gen_pb2.StreamResponse(frames=[gen_pb2.ServerFrame(request_failed=failed)]))
+                            continue
                         requests[m.request_id] = {
                             "prompt": ids,
                             "out": 0,
@@ -57,25 +85,19 @@ class FakeGeneration(gen_grpc.GenerationServiceServicer):
 
         cancelled: list[tuple[str, dict]] = []
         reader = asyncio.create_task(read())
-        interval_ms = int(dict(context.invocation_metadata() or ()).get("mstar-status-interval-ms", "0") or 0)
-        status_due = asyncio.get_running_loop().time()
+        ticker = asyncio.create_task(tick()) if interval_ms > 0 else None
         step = 0
         try:
             while True:
                 while cancelled:
                     key, r = cancelled.pop(0)
                     yield gen_pb2.StreamResponse(frames=[_complete(key, pb.FINISH_REASON_CANCELLED, r)])
-                if interval_ms and asyncio.get_running_loop().time() >= status_due:
-                    status_due += interval_ms / 1000
-                    yield gen_pb2.StreamResponse(frames=[gen_pb2.ServerFrame(conductor_status=gen_pb2.ConductorStatus())])
+                while not out.empty():
+                    yield out.get_nowait()
                 ready = {k: r for k, r in requests.items() if not r["open"]}
-                if not ready:
+                if not ready or self.paused:
                     wake.clear()
-                    timeout = max(0.0, status_due - asyncio.get_running_loop().time()) if interval_ms else None
-                    try:
-                        await asyncio.wait_for(wake.wait(), timeout)
-                    except TimeoutError:
-                        pass
+                    await (wake.wait() if not self.paused else asyncio.sleep(0.01))
                     continue
                 await asyncio.sleep(self.step_s)
                 step += 1
@@ -113,6 +135,8 @@ class FakeGeneration(gen_grpc.GenerationServiceServicer):
                 yield gen_pb2.StreamResponse(frames=envs)
         finally:
             reader.cancel()
+            if ticker is not None:
+                ticker.cancel()
             for key in requests:
                 self.live.discard(key)
 

@@ -1,6 +1,6 @@
 """A scripted InferenceService (no model) behind which the Envoy config is tested in isolation.
 
-    python tests/unit/deploy/fake_upstream.py --port N
+    python tests/unit/deploy/fake_upstream.py --port N [--name NAME] [--refuse]
 
 The prompt text picks the behaviour, so each Envoy test is one HTTP request:
   "too long"  -> INVALID_ARGUMENT / PROMPT_TOO_LONG with a BadRequest violation on `text`
@@ -8,6 +8,9 @@ The prompt text picks the behaviour, so each Envoy test is one HTTP request:
   "fail late" -> accepted, one chunk, then an in-band `failed` (UNAVAILABLE)
   anything    -> accepted, keep_alive, chunks "Hello" + " world", complete
 The OpenAI RPCs are the real services/preprocess/openai handlers over this fake `run`.
+For replica tests: ListModels answers the model id NAME (which replica served), Generate's text
+says whether an `mstar-forwarded` header arrived, and --refuse answers every call UNAVAILABLE
+before any message (a draining replica that Envoy's health check has not noticed yet).
 """
 
 from __future__ import annotations
@@ -49,11 +52,26 @@ async def fake_run(inp: mpb.PreprocessInput, context):
 
 
 class FakeInference(ipb_grpc.InferenceServiceServicer):
+    def __init__(self, name: str = "fake", refuse: bool = False) -> None:
+        self.name = name
+        self.refuse = refuse
+
+    async def _maybe_refuse(self, context) -> None:
+        if self.refuse:
+            refusal = errors.unavailable("server is draining", "DRAINING")
+            refusal.refused = True
+            await errors.abort(context, refusal)
+
     async def GenerateStream(self, request, context):
+        await self._maybe_refuse(context)
         async for event in fake_run(request.input, context):
             yield event
 
     async def Generate(self, request, context):
+        await self._maybe_refuse(context)
+        if request.input.text == "forwarded?":
+            seen = any(k == "mstar-forwarded" for k, _ in context.invocation_metadata())
+            return ipb.GenerateResponse(request_id="req-1", text=f"{self.name}:{seen}")
         text = []
         async for event in fake_run(request.input, context):
             if event.HasField("chunk"):
@@ -61,7 +79,8 @@ class FakeInference(ipb_grpc.InferenceServiceServicer):
         return ipb.GenerateResponse(request_id="req-1", text="".join(text))
 
     async def ListModels(self, request, context):
-        return ipb.ListModelsResponse(object="list", data=[ipb.Model(id="fake", object="model", owned_by="mstar")])
+        await self._maybe_refuse(context)
+        return ipb.ListModelsResponse(object="list", data=[ipb.Model(id=self.name, object="model", owned_by="mstar")])
 
     async def Cancel(self, request, context):
         return ipb.CancelResponse(request_id=request.request_id, cancelled=False)
@@ -75,9 +94,9 @@ class FakeInference(ipb_grpc.InferenceServiceServicer):
             yield body
 
 
-async def main(port: int) -> None:
+async def main(port: int, name: str, refuse: bool) -> None:
     server = GrpcServer("fake-preprocess", "127.0.0.1", port)
-    server.add(ipb_grpc.add_InferenceServiceServicer_to_server, FakeInference(), "mstar.v1.InferenceService")
+    server.add(ipb_grpc.add_InferenceServiceServicer_to_server, FakeInference(name, refuse), "mstar.v1.InferenceService")
     await server.start()
     server.state.serve()
     await server.wait_for_shutdown(0.5)
@@ -86,4 +105,7 @@ async def main(port: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
-    asyncio.run(main(parser.parse_args().port))
+    parser.add_argument("--name", default="fake")
+    parser.add_argument("--refuse", action="store_true")
+    args = parser.parse_args()
+    asyncio.run(main(args.port, args.name, args.refuse))

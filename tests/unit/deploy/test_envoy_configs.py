@@ -81,3 +81,38 @@ def test_probes_and_restart_policies_let_orchestrators_heal_the_services():
         assert container["startupProbe"]["grpc"] == {"port": port}
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     assert all(service["restart"] == "unless-stopped" for service in compose["services"].values())
+
+
+@pytest.mark.parametrize("variant", sorted(render.VARIANTS))
+def test_every_preprocess_replica_is_an_endpoint_balanced_by_least_request(variant):
+    settings = dataclasses.replace(render.VARIANTS[variant], upstream_ports=(50051, 50053, 50055))
+    config = yaml.safe_load(render.render(settings))
+    cluster = config["static_resources"]["clusters"][0]
+    assert cluster["lb_policy"] == "LEAST_REQUEST"
+    ports = [e["endpoint"]["address"]["socket_address"]["port_value"]
+             for e in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    assert ports == [50051, 50053, 50055]
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    assert "mstar-forwarded" in hcm["route_config"]["request_headers_to_remove"]
+    retry = hcm["route_config"]["virtual_hosts"][0]["retry_policy"]
+    # Only what cannot have started anything: never "reset" or "unavailable" (R28).
+    assert set(retry["retry_on"].split(",")) == {"connect-failure", "refused-stream", "retriable-headers"}
+    assert retry["retriable_headers"] == [{"name": "x-mstar-refused", "present_match": True}]
+    outliers = cluster["outlier_detection"]  # a replica that refuses connections is out at once ...
+    assert outliers["consecutive_local_origin_failure"] == 1 and outliers["split_external_local_origin_errors"]
+    assert outliers["enforcing_consecutive_5xx"] == outliers["enforcing_success_rate"] == 0  # ... answers never
+    health = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.health_check")
+    assert health["typed_config"]["cluster_min_healthy_percentages"]["preprocess"]["value"] >= 1
+
+
+def test_compose_services_scale():
+    """No fixed names or host ports on the services, so `--scale`/replicas can run several; each
+    replica finds the others by the service name (compose DNS answers with every replica)."""
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+    for name in ("generation", "preprocess"):
+        assert "container_name" not in compose[name] and "ports" not in compose[name]
+        assert compose[name]["deploy"]["replicas"].startswith(f"${{MSTAR_{name.upper()}_REPLICAS:-")
+    command = compose["preprocess"]["command"]
+    assert command[command.index("--generation") + 1] == "generation:50052"
+    assert command[command.index("--peers") + 1] == "preprocess:50051"
+    assert render.VARIANTS["compose"].upstream_host == "preprocess"

@@ -106,13 +106,20 @@ def test_conductor_status_export():
                        kind=generation_service_pb2.METRIC_KIND_GAUGE)
     status.metrics.add(family="mstar_generation", name="steps", value=99,
                        kind=generation_service_pb2.METRIC_KIND_COUNTER)
-    m.on_conductor_status(status)
-    assert value(m, "mstar_conductor_kv_blocks_used") == 12
-    assert value(m, "mstar_conductor_steps_total") == 99
-    assert value(m, "mstar_conductor_status_time_seconds") == 1_700_000_000
-    # A newer snapshot replaces the old one wholesale.
-    m.on_conductor_status(generation_service_pb2.ConductorStatus())
-    assert value(m, "mstar_conductor_kv_blocks_used") is None
+    a, b = {"replica": "10.0.0.1:50052"}, {"replica": "10.0.0.2:50052"}
+    m.on_conductor_status(status, a["replica"])
+    status.metrics[0].value = 3
+    m.on_conductor_status(status, b["replica"])
+    assert value(m, "mstar_conductor_kv_blocks_used", a) == 12
+    assert value(m, "mstar_conductor_kv_blocks_used", b) == 3
+    assert value(m, "mstar_conductor_steps_total", a) == 99
+    assert value(m, "mstar_conductor_status_time_seconds", a) == 1_700_000_000
+    # A newer snapshot replaces that replica's old one wholesale; a replica that left disappears.
+    m.on_conductor_status(generation_service_pb2.ConductorStatus(), a["replica"])
+    assert value(m, "mstar_conductor_kv_blocks_used", a) is None
+    m.conductor.forget(b["replica"])
+    assert value(m, "mstar_conductor_kv_blocks_used", b) is None
+    assert value(m, "mstar_conductor_status_time_seconds", b) is None
     assert conductor_metric_name("a.b-c_total") == "mstar_conductor_a_b_c"
 
 

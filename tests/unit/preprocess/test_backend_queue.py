@@ -2,6 +2,8 @@
 failed with SLOW_CONSUMER (and aborted in the engine), but a reader that is merely behind when its
 request finishes still gets every token, then the finish."""
 
+from mstar.v1 import messages_pb2 as pb
+
 from services.common.errors import Code
 from services.preprocess.backend import (
     BackendFailed,
@@ -16,8 +18,9 @@ def backend_with_request(queue_size: int):
     backend = GenerationBackend("127.0.0.1:1", queue_size=queue_size)  # never started: no network
     sent = []
     backend._send = sent.append  # what would go to the engine on the stream
-    request = BackendRequest(backend, "r#0", queue_size)
-    backend._requests["r#0"] = request
+    request = BackendRequest("r", [1, 2], pb.ModelKwargs(), input_open=False, queue_size=queue_size)
+    request.backend, request.key = backend, "r0"
+    backend._requests["r0"] = request
     return backend, request, sent
 
 
@@ -45,8 +48,8 @@ def test_a_reader_over_the_bound_is_failed_slow_consumer_and_aborted_in_the_engi
     events = drain(request)
     assert len(events) == 1 and isinstance(events[0], BackendFailed)
     assert events[0].error.code == Code.RESOURCE_EXHAUSTED and events[0].error.reason == "SLOW_CONSUMER"
-    assert request.ended and "r#0" not in backend._requests
-    assert [e.abort.request_id for e in sent] == ["r#0"]
+    assert request.ended and "r0" not in backend._requests
+    assert [e.abort.request_id for e in sent] == ["r0"]
     request.deliver(TokenStep(9))  # the engine's late tokens and finish are dropped after the end
     request.deliver(BackendFinished("length"))
     assert request.queue.empty()
@@ -58,7 +61,7 @@ def test_a_request_failed_with_an_unset_code_is_internal_never_ok():
     from mstar.v1 import messages_pb2 as pb
 
     backend, request, _ = backend_with_request(queue_size=4)
-    failed = pb.RequestFailed(request_id="r#0", message="lost its code")
+    failed = pb.RequestFailed(request_id="r0", message="lost its code")
     backend._dispatch(gen_pb2.StreamResponse(frames=[gen_pb2.ServerFrame(request_failed=failed)]))
     (event,) = drain(request)
     assert event.error.code == Code.INTERNAL and event.error.http_status == 500
@@ -72,9 +75,11 @@ def test_internal_keys_stay_short_whatever_id_the_client_chose():
     sent = []
     backend._healthy, backend._outbox = True, object()  # pretend connected; capture frames instead
     backend._send = sent.append
+    from services.preprocess.backend import engine_kwargs
     from services.preprocess.request import Sampling
 
-    request = backend.submit("c" * 128, [1, 2], Sampling(), 4, input_open=False)
+    request = BackendRequest("c" * 128, [1, 2], engine_kwargs(Sampling(), 4), input_open=False, queue_size=4)
+    backend.attach(request)
     (frame,) = sent
     assert isinstance(frame, gen_pb2.ClientFrame)
     assert len(request.key) <= 12 and frame.preprocess_input.request_id == request.key
