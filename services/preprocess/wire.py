@@ -63,6 +63,17 @@ def modality(value: int, field: str) -> str:
     return name
 
 
+def model_numerics(numerics: dict) -> api.ModelNumerics | None:
+    """The generation backend's numerics metadata (JSON fields) -> ModelNumerics; None before one connected."""
+    if not numerics:
+        return None
+    return api.ModelNumerics(
+        device=str(numerics.get("device", "")), weights=str(numerics.get("weights", "")),
+        activations=str(numerics.get("activations", "")), kernels=str(numerics.get("kernels", "")),
+        compiled_decode=bool(numerics.get("compiled_decode", False)),
+    )
+
+
 def sampling_pb(s: Sampling) -> pb.SamplingParams:
     """The inverse of the sampling part of request_spec: unset (None) fields stay unset."""
     params = pb.SamplingParams(

@@ -1,0 +1,203 @@
+"""Decode steps as compiled graphs, built during warm-up: the hot loop without per-op dispatch.
+
+A decode step (every scheduled sequence computes one token and samples it) is the same computation
+at every step but for the batch size, so it is compiled once and replayed. Prefill and mixed steps
+stay eager (their shapes vary with the prompt chunks). Two implementations, one interface
+(``covers(n)``, ``warm_up()``, ``__call__(input_ids, meta) -> logits``):
+
+  * CUDA (``CudaGraphDecode``, as nano-vllm): the forward is captured into one CUDA graph per
+    bucket size (1, 2, 4, 8, 16, 32, 48, ... up to max_num_seqs), largest first, sharing one memory
+    pool. A step of n rows runs the smallest bucket >= n: its inputs are copied into static buffers
+    (``StaticDecodeInputs``) and the rows n..bucket-1 are padding (token 0, position 0, slot -1 so
+    nothing is written to the cache, context length 0 so attention reads nothing). The graph reads
+    its metadata only from those buffers, and the block-table width is fixed (max blocks per
+    sequence), so one capture serves every context length. A step larger than the largest bucket
+    runs eager.
+  * CPU (``CompiledDecode``): torch.compile (Inductor: C++/OpenMP) of the forward, with the batch
+    and block-table dimensions dynamic: one graph for every batch size >= 2 plus one for a single
+    row (Dynamo specialises size 1). No padding: on CPU there is no launch cost to amortise, and a
+    padded row costs real matmul work. Inductor's on-disk cache (TORCHINDUCTOR_CACHE_DIR, default
+    under /tmp/torchinductor_$USER) makes a restart's compile a cache load.
+
+Both compile or capture during ``warm_up()`` (called by the runner before the service reports
+SERVING) on inputs made only of padding rows, so warm-up never writes the KV cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+
+import torch
+import torch._inductor.config
+
+from services.generation.models.llama import KVCache, StepMetadata, Transformer
+from services.generation.threads import usable_cpus
+
+log = logging.getLogger(__name__)
+
+
+def bucket_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """1, 2, 4, 8, then every 16 up to max_num_seqs (always included): nano-vllm's ladder."""
+    sizes = [s for s in (1, 2, 4, 8) if s < max_num_seqs] + list(range(16, max_num_seqs, 16))
+    return tuple(sorted(set(sizes) | {max_num_seqs}))
+
+
+def bucket_for(n: int, sizes: tuple[int, ...]) -> int | None:
+    """The smallest bucket holding n rows, or None when n exceeds the largest (then: eager)."""
+    return next((s for s in sizes if s >= n), None) if n > 0 else None
+
+
+class StaticDecodeInputs:
+    """Fixed buffers a captured decode graph reads: the step's tensors are copied in, padded.
+
+    input_ids, positions, slot_mapping [R]; context_lens [R]; block_tables [R, W] with W the most
+    blocks one sequence can hold; cu_seqlens_q = arange(R + 1) and logits_indices = arange(R)
+    (one row per sequence, every row samples): constant, written once.
+    """
+
+    def __init__(self, max_rows: int, max_blocks: int, device: torch.device):
+        self.max_rows, self.max_blocks = max_rows, max_blocks
+        self.input_ids = torch.zeros(max_rows, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(max_rows, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((max_rows,), -1, dtype=torch.int64, device=device)
+        self.context_lens = torch.zeros(max_rows, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(max_rows, max_blocks, dtype=torch.int32, device=device)
+        self.cu_seqlens_q = torch.arange(max_rows + 1, dtype=torch.int32, device=device)
+        self.logits_indices = torch.arange(max_rows, dtype=torch.int64, device=device)
+
+    def views(self, rows: int) -> tuple[torch.Tensor, StepMetadata]:
+        """The first `rows` rows as the model's inputs (what a graph of that bucket is captured on)."""
+        meta = StepMetadata(
+            positions=self.positions[:rows], slot_mapping=self.slot_mapping[:rows],
+            block_tables=self.block_tables[:rows], cu_seqlens_q=self.cu_seqlens_q[: rows + 1],
+            context_lens=self.context_lens[:rows], logits_indices=self.logits_indices[:rows],
+        )
+        return self.input_ids[:rows], meta
+
+    def fill(self, input_ids: torch.Tensor, meta: StepMetadata, rows: int) -> None:
+        """Copy a decode step of n <= rows sequences in; rows n..rows-1 become padding."""
+        n, width = input_ids.shape[0], meta.block_tables.shape[1]
+        if n > rows or width > self.max_blocks:
+            raise ValueError(f"a step of {n} rows x {width} blocks does not fit a bucket of {rows} x {self.max_blocks}")
+        self.input_ids[:n].copy_(input_ids)
+        self.positions[:n].copy_(meta.positions)
+        self.slot_mapping[:n].copy_(meta.slot_mapping)
+        self.context_lens[:n].copy_(meta.context_lens)
+        self.block_tables[:n, :width].copy_(meta.block_tables)
+        # Padding rows: nothing stored (slot -1), nothing attended (context 0), a valid token id.
+        self.input_ids[n:rows].zero_()
+        self.positions[n:rows].zero_()
+        self.slot_mapping[n:rows].fill_(-1)
+        self.context_lens[n:rows].zero_()
+
+
+def padding_step(rows: int, max_blocks: int, device: torch.device) -> tuple[torch.Tensor, StepMetadata]:
+    """A decode step made only of padding rows: running it writes nothing and reads no cache."""
+    inputs = StaticDecodeInputs(rows, max_blocks, device)
+    return inputs.views(rows)
+
+
+def cuda_capture(run, pool):
+    """Capture run() into a CUDA graph sharing memory pool `pool` -> (graph, its output tensor)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool):
+        output = run()
+    return graph, output
+
+
+class CudaGraphDecode:
+    """One CUDA graph per bucket size, replayed with the step's inputs copied into static buffers.
+
+    capture: (run, pool) -> (graph with .replay() and .pool(), output); cuda_capture in serving,
+    a stand-in in the CPU tests of everything around the capture itself."""
+
+    def __init__(self, model: Transformer, kv_cache: KVCache, max_num_seqs: int, max_blocks: int,
+                 capture=cuda_capture):
+        self.model, self.kv_cache, self.capture = model, kv_cache, capture
+        self.sizes = bucket_sizes(max_num_seqs)
+        self.device = kv_cache.k[0].device
+        self.inputs = StaticDecodeInputs(self.sizes[-1], max_blocks, self.device)
+        self.graphs: dict[int, object] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.is_warm = False
+
+    def covers(self, n: int) -> bool:
+        return bucket_for(n, self.sizes) is not None
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        t0 = time.monotonic()
+        pool = None
+        for rows in reversed(self.sizes):  # largest first: the smaller graphs reuse its memory
+            input_ids, meta = self.inputs.views(rows)
+
+            def run(input_ids=input_ids, meta=meta):
+                return self.model.forward(input_ids, meta, self.kv_cache)  # [rows, V]
+
+            run()  # compiles the Triton kernels outside the capture
+            self._synchronize()
+            self.graphs[rows], self.outputs[rows] = self.capture(run, pool)
+            pool = self.graphs[rows].pool()
+        self._synchronize()
+        self.is_warm = True
+        log.info("captured CUDA graphs", extra={"sizes": list(self.sizes), "seconds": round(time.monotonic() - t0, 1)})
+
+    def __call__(self, input_ids: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
+        n = input_ids.shape[0]
+        rows = bucket_for(n, self.sizes)
+        if rows is None or rows not in self.graphs:
+            raise ValueError(f"no captured decode graph holds {n} rows")
+        self.inputs.fill(input_ids, meta, rows)
+        self.graphs[rows].replay()
+        return self.outputs[rows][:n]
+
+
+class CompiledDecode:
+    """torch.compile of the forward for decode steps, dynamic in batch size and block-table width."""
+
+    def __init__(self, model: Transformer, kv_cache: KVCache, max_num_seqs: int, max_blocks: int,
+                 backend: str = "inductor"):
+        """backend: torch.compile's; "aot_eager" in the fast tests (the same tracing, no C++ compile)."""
+        self.model, self.kv_cache = model, kv_cache
+        self.max_num_seqs, self.max_blocks = max_num_seqs, max_blocks
+        self.device = kv_cache.k[0].device
+        if usable_cpus() <= 4:
+            # Inductor's pool of compile workers costs ~8 s to start on a 2-core box: more than the
+            # parallel C++ compiles win there, and the warm (cached) restart needs no compiler at all.
+            torch._inductor.config.compile_threads = 1
+        self.compiled = torch.compile(model.forward, fullgraph=True, dynamic=False, backend=backend)
+        self.is_warm = False
+
+    def covers(self, n: int) -> bool:
+        return 1 <= n <= self.max_num_seqs
+
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        t0 = time.monotonic()
+        for rows in (2, 1):  # the dynamic graph first (size 2 is not specialised), then the 1-row one
+            input_ids, meta = padding_step(rows, 2, self.device)
+            self(input_ids, meta)
+        self.is_warm = True
+        log.info("compiled the decode step", extra={"seconds": round(time.monotonic() - t0, 1)})
+
+    def __call__(self, input_ids: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
+        if meta.block_tables.shape[1] == 1:  # width 1 would be specialised: one more graph for nothing
+            meta = replace(meta, block_tables=torch.nn.functional.pad(meta.block_tables, (0, 1)))
+        if input_ids.shape[0] > 1:
+            for t in (input_ids, meta.positions, meta.slot_mapping, meta.context_lens, meta.logits_indices,
+                      meta.block_tables, meta.cu_seqlens_q):
+                torch._dynamo.mark_dynamic(t, 0)
+        torch._dynamo.mark_dynamic(meta.block_tables, 1)
+        if not self.is_warm:
+            return self.compiled(input_ids, meta, self.kv_cache)
+        # Serving: the two graphs exist; check only the guards telling them apart (the inputs come
+        # from the runner, always of the same kinds: Dynamo's full guard set, one check per weight
+        # tensor, measured 0.9 ms a step), and never stall the engine on a surprise recompile.
+        with torch.compiler.set_stance("eager_on_recompile", skip_guard_eval_unsafe=True):
+            return self.compiled(input_ids, meta, self.kv_cache)
