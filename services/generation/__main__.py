@@ -84,12 +84,17 @@ def build_runner(args):
     from services.generation.model_runner import ModelRunner, RunnerConfig
     from services.generation.weights.locate import load_checkpoint
 
+    t0 = time.monotonic()
     checkpoint = load_checkpoint(args.model)
+    t1 = time.monotonic()
     config = RunnerConfig(args.kv_blocks, args.block_size, args.device, args.threads, dtype=args.dtype,
                           quantization=args.quantization, kernels=args.kernels, compile=args.compile,
                           max_num_seqs=args.max_num_seqs)
     runner = ModelRunner(checkpoint, config)
+    t2 = time.monotonic()
     runner.warm_up()  # compiled decode graphs: part of readiness
+    log.info("model loaded", extra={"load_s": round(t1 - t0, 2), "build_s": round(t2 - t1, 2),
+                                    "warm_up_s": round(time.monotonic() - t2, 2)})
     return runner
 
 
@@ -170,6 +175,9 @@ async def serve(args) -> bool:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    # Compiled decode graphs are cached on disk by Inductor: keep them where a reboot does not
+    # wipe them (its default is under /tmp), so a restart loads instead of compiling.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "mstar", "inductor"))
     setup_logging("services.generation", args.log_level)
     if asyncio.run(serve(args)):
         log.error("exiting: the engine failed", extra={"exit_status": EXIT_FAILED})

@@ -14,10 +14,11 @@ stay eager (their shapes vary with the prompt chunks). Two implementations, one 
     sequence), so one capture serves every context length. A step larger than the largest bucket
     runs eager.
   * CPU (``CompiledDecode``): torch.compile (Inductor: C++/OpenMP) of the forward, with the batch
-    and block-table dimensions dynamic: one graph for every batch size >= 2 plus one for a single
-    row (Dynamo specialises size 1). No padding: on CPU there is no launch cost to amortise, and a
-    padded row costs real matmul work. Inductor's on-disk cache (TORCHINDUCTOR_CACHE_DIR, default
-    under /tmp/torchinductor_$USER) makes a restart's compile a cache load.
+    and block-table dimensions unbacked-dynamic: ONE graph for every batch size and context length
+    (a dynamic but backed size would be specialised at 1: a second graph, twice the warm-up). No
+    padding: on CPU there is no launch cost to amortise, and a padded row costs real matmul work.
+    Inductor's on-disk cache (the generation service keeps it in ~/.cache/mstar/inductor) makes a
+    restart's compile a cache load; what remains is Dynamo tracing the 30 layers.
 
 Both compile or capture during ``warm_up()`` (called by the runner before the service reports
 SERVING) on inputs made only of padding rows, so warm-up never writes the KV cache.
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 
 import torch
 import torch._inductor.config
@@ -180,24 +180,19 @@ class CompiledDecode:
     @torch.inference_mode()
     def warm_up(self) -> None:
         t0 = time.monotonic()
-        for rows in (2, 1):  # the dynamic graph first (size 2 is not specialised), then the 1-row one
-            input_ids, meta = padding_step(rows, 2, self.device)
-            self(input_ids, meta)
+        self(*padding_step(2, 2, self.device))
         self.is_warm = True
         log.info("compiled the decode step", extra={"seconds": round(time.monotonic() - t0, 1)})
 
     def __call__(self, input_ids: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
-        if meta.block_tables.shape[1] == 1:  # width 1 would be specialised: one more graph for nothing
-            meta = replace(meta, block_tables=torch.nn.functional.pad(meta.block_tables, (0, 1)))
-        if input_ids.shape[0] > 1:
-            for t in (input_ids, meta.positions, meta.slot_mapping, meta.context_lens, meta.logits_indices,
-                      meta.block_tables, meta.cu_seqlens_q):
-                torch._dynamo.mark_dynamic(t, 0)
-        torch._dynamo.mark_dynamic(meta.block_tables, 1)
+        for t in (input_ids, meta.positions, meta.slot_mapping, meta.context_lens, meta.logits_indices,
+                  meta.block_tables, meta.cu_seqlens_q):
+            torch._dynamo.decorators.mark_unbacked(t, 0)
+        torch._dynamo.decorators.mark_unbacked(meta.block_tables, 1)
         if not self.is_warm:
             return self.compiled(input_ids, meta, self.kv_cache)
-        # Serving: the two graphs exist; check only the guards telling them apart (the inputs come
-        # from the runner, always of the same kinds: Dynamo's full guard set, one check per weight
-        # tensor, measured 0.9 ms a step), and never stall the engine on a surprise recompile.
+        # Serving: the graph exists; skip re-checking its guards (the inputs come from the runner,
+        # always of the same kinds; Dynamo's full guard set, one check per weight tensor, measured
+        # 0.9 ms a step), and never stall the engine on a surprise recompile.
         with torch.compiler.set_stance("eager_on_recompile", skip_guard_eval_unsafe=True):
             return self.compiled(input_ids, meta, self.kv_cache)

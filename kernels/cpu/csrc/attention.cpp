@@ -18,7 +18,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 
@@ -80,18 +79,33 @@ struct Item {
   int64_t seq, row0, rows, kv_head;
 };
 
+// Scratch reused across calls by each thread (the op runs ~30 times a step: no allocation per call).
+struct Scratch {
+  std::vector<float> scores, acc, inv_sum;
+};
+
 // Phase 2 for one item: rows [row0, row0 + rows) of sequence seq, the G query heads of kv_head.
 template <typename X, typename C>
 void attend(const Shapes& s, const Item& it, const float* q, const C* k_cache, const C* v_cache,
-            const int32_t* block_tables, const int32_t* cu, const int32_t* context_lens, X* out,
-            std::vector<float>& scores, std::vector<float>& acc) {
+            const int32_t* block_tables, const int32_t* cu, const int32_t* context_lens, X* out, Scratch& scratch) {
   const int64_t first = cu[it.seq], q_len = cu[it.seq + 1] - first, ctx = context_lens[it.seq];
   const int64_t start = ctx - q_len;      // position of the sequence's first query row
   const int64_t last = start + it.row0 + it.rows - 1;  // the item's last row sees keys 0..last
   const int64_t n_keys = last + 1, n_q = it.rows * s.G;
-  if (n_keys <= 0) return;
+  if (n_keys <= 0) {  // a padding row (context 0): nothing to attend, the output is zero
+    for (int64_t r = 0; r < it.rows; ++r)
+      for (int64_t g = 0; g < s.G; ++g) {
+        X* o = out + ((first + it.row0 + r) * s.Hq + it.kv_head * s.G + g) * s.D;
+        for (int64_t i = 0; i < s.D; ++i) o[i] = from_float<X>(0.f);
+      }
+    return;
+  }
+  std::vector<float>& scores = scratch.scores;
+  std::vector<float>& acc = scratch.acc;
+  std::vector<float>& inv_sum = scratch.inv_sum;
   scores.resize(n_q * n_keys);
   acc.assign(n_q * s.D, 0.f);
+  inv_sum.resize(n_q);
   const int32_t* table = block_tables + it.seq * s.W;
   const float* qs = q;  // [T, Hq, D]; the item's rows are first + row0 + r, heads kv_head * G + g
   auto qrow = [&](int64_t r, int64_t g) { return qs + ((first + it.row0 + r) * s.Hq + it.kv_head * s.G + g) * s.D; };
@@ -114,7 +128,6 @@ void attend(const Shapes& s, const Item& it, const float* q, const C* k_cache, c
       }
     }
   }
-  std::vector<float> inv_sum(n_q);
   for (int64_t j = 0; j < n_q; ++j) {
     float* sc = scores.data() + j * n_keys;
     float mx = neg_inf;
@@ -148,27 +161,31 @@ template <typename X, typename C>
 void run(const Shapes& s, const at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos_sin,
          at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
          const at::Tensor& cu_seqlens_q, const at::Tensor& context_lens, float scale, at::Tensor& out) {
-  at::Tensor q = at::empty({s.T, s.Hq, s.D}, qkv.options().dtype(at::kFloat));
+  thread_local std::vector<float> q;  // [T, Hq, D] rotated, scaled queries (the calling thread's)
+  thread_local std::vector<Item> items;
+  q.resize(s.T * s.Hq * s.D);
   const X* x = qkv.data_ptr<X>();
   C* kc = k_cache.data_ptr<C>();
   C* vc = v_cache.data_ptr<C>();
-  float* qp = q.data_ptr<float>();
+  float* qp = q.data();
   at::parallel_for(0, s.T, 4, [&](int64_t t0, int64_t t1) {
     rotate_and_store<X, C>(s, x, positions.data_ptr<int64_t>(), cos_sin.data_ptr<float>(), kc, vc,
                            slot_mapping.data_ptr<int64_t>(), qp, scale, t0, t1);
   });
   const int32_t* cu = cu_seqlens_q.data_ptr<int32_t>();
-  std::vector<Item> items;
+  items.clear();
   for (int64_t i = 0; i < s.B; ++i)
     for (int64_t r0 = 0; r0 < cu[i + 1] - cu[i]; r0 += kRowsPerItem)
       for (int64_t h = 0; h < s.Hk; ++h)
         items.push_back({i, r0, std::min<int64_t>(kRowsPerItem, cu[i + 1] - cu[i] - r0), h});
   X* op = out.data_ptr<X>();
+  for (int64_t t = cu[s.B]; t < s.T; ++t)  // rows no sequence owns (none in the engine's steps)
+    for (int64_t i = 0; i < s.Hq * s.D; ++i) op[t * s.Hq * s.D + i] = from_float<X>(0.f);
   at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t a, int64_t b) {
-    std::vector<float> scores, acc;
+    thread_local Scratch scratch;
     for (int64_t j = a; j < b; ++j)
       attend<X, C>(s, items[j], qp, kc, vc, block_tables.data_ptr<int32_t>(), cu, context_lens.data_ptr<int32_t>(),
-                   op, scores, acc);
+                   op, scratch);
   });
 }
 
@@ -198,7 +215,7 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& positions, const a
                   context_lens.scalar_type() == at::kInt && block_tables.is_contiguous() &&
                   cu_seqlens_q.numel() == s.B + 1 && block_tables.size(0) == s.B,
               "attention: block_tables [B, W], cu_seqlens_q [B + 1] and context_lens [B] must be int32");
-  at::Tensor out = at::zeros({s.T, num_heads * D}, qkv.options());
+  at::Tensor out = at::empty({s.T, num_heads * D}, qkv.options());  // every element is written once
   const float sc = static_cast<float>(scale);
   const bool x_bf16 = qkv.scalar_type() == at::kBFloat16, c_bf16 = k_cache.scalar_type() == at::kBFloat16;
   TORCH_CHECK((x_bf16 || qkv.scalar_type() == at::kFloat) && (c_bf16 || k_cache.scalar_type() == at::kFloat),

@@ -284,7 +284,7 @@ at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& codes, const at::
   at::Tensor out = at::empty({M, n}, x.options().dtype(at::kFloat));
   if (M == 0 || n == 0) return out;
 
-  QuantizedActivations a;
+  thread_local QuantizedActivations a;  // the calling thread's, reused: no allocation per call
   a.q.resize(M * K);
   a.d.resize(M * nb);
   a.ds.resize(M * nb);

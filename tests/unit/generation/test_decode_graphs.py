@@ -185,7 +185,7 @@ def test_the_compiled_decode_step_gives_the_eager_tokens_without_recompiling(tin
     runner.decode_graphs = CompiledDecode(runner.model, runner.kv_cache, 8, runner.max_blocks, backend="aot_eager")
     runner.warm_up()
     frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    assert frames == 2  # one dynamic graph for 2..8 rows, one for a single row
+    assert frames == 1  # one graph for every batch size and block-table width
     assert _greedy_tokens(runner, PROMPTS) == eager  # batch sizes 5..1, block tables 1..6 wide
     assert _greedy_tokens(runner, [PROMPTS[0]]) == [eager[0]]
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames  # no recompile while serving
