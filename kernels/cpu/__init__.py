@@ -3,8 +3,8 @@
     quant_matmul(x [M, K], w: PackedWeight) -> [M, N] fp32
         activations x GGUF block-quantized weights (packing.py): x is quantized per 32-wide block
         to int8 and multiplied with the weight's 4- or 8-bit codes in integer arithmetic (VNNI).
-    attention(qkv [T, (Hq + 2 Hk) D], meta: StepTensors-like, cos_sin, k_cache, v_cache,
-              num_heads, num_kv_heads, scale) -> [T, Hq D]
+    attention(qkv [T, (Hq + 2 Hk) D], positions, cos_sin, k_cache, v_cache, slot_mapping,
+              block_tables, cu_seqlens_q, context_lens, num_heads, num_kv_heads, scale) -> [T, Hq D]
         one layer's RoPE + KV-cache write + paged causal attention in one call.
 
 Their plain-torch oracles are kernels.reference.quant_matmul_ref and the reference

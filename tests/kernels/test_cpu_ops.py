@@ -106,6 +106,10 @@ CASES = [  # (specs, Hq, Hk, D, BS)
     pytest.param([(5, 1), (9, 1), (33, 1)], 4, 1, 16, 4, id="decode-only-mqa"),
     pytest.param([(70, 70)], 2, 2, 32, 16, id="one-long-prompt-mha"),
     pytest.param([(3, 2), (17, 1)], 6, 2, 8, 4, id="tiny-head-dim"),
+    # decode rows take a register path for D in {32, 64, 128} and G <= 8; the rest the generic loops
+    pytest.param([(12, 1), (40, 1), (3, 3)], 4, 2, 128, 16, id="decode-d128"),
+    pytest.param([(12, 1), (33, 1)], 4, 4, 32, 8, id="decode-d32-mha"),
+    pytest.param([(12, 1), (40, 1)], 16, 1, 64, 16, id="decode-group16-generic"),
 ]
 
 

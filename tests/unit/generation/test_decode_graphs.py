@@ -191,10 +191,94 @@ def test_the_compiled_decode_step_gives_the_eager_tokens_without_recompiling(tin
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames  # no recompile while serving
 
 
+def test_a_step_outside_the_graphs_guards_runs_eagerly_instead_of_compiling(runner):
+    torch._dynamo.reset()
+    graphs = CompiledDecode(runner.model, runner.kv_cache, 8, runner.max_blocks, backend="aot_eager")
+    graphs.warm_up()
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    tables = [[5, 2, 9]]
+    _prefill(runner, [[3, 4, 5, 6, 7, 8]], tables)
+    meta = _decode_meta([7], 4, tables)
+    with torch.inference_mode():
+        want = runner.model.forward(torch.tensor([40]), meta, runner.kv_cache)
+        got = graphs(torch.tensor([40], dtype=torch.int32), meta)  # int32 ids: not what the graph was traced on
+    torch.testing.assert_close(got, want)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames  # not compiled inside a step
+
+
 @pytest.mark.slow  # a cold Inductor compile of the tiny model: ~30-70 s on the 2-core box
 def test_the_inductor_compiled_decode_step_gives_the_eager_tokens(tiny_checkpoint):
     eager = _greedy_tokens(ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cpu", num_threads=1, compile=False)), PROMPTS)
     runner = ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cpu", num_threads=1, max_num_seqs=8))
     runner.warm_up()
     assert runner.decode_graphs.is_warm
+    assert _greedy_tokens(runner, PROMPTS) == eager
+
+
+def _long_text() -> str:
+    """~3.5k tokens of real English that ships with every CPython: its license."""
+    import os
+    import sys
+
+    path = os.path.join(sys.base_prefix, "lib", f"python{sys.version_info.major}.{sys.version_info.minor}", "LICENSE.txt")
+    if not os.path.exists(path):
+        pytest.skip(f"no {path} to read a long text from")
+    with open(path) as f:
+        return f.read()
+
+
+@pytest.mark.slow  # ~3-5 min on the shared 2-core box: 500 compiled fp32 decode steps of 4 rows
+@pytest.mark.timeout(1200)
+def test_compiled_fp32_cpu_kernels_agree_with_the_hf_oracle_over_2k_teacher_forced_tokens():
+    """The fp32 path through kernels/cpu and the compiled graph is not bit-equal to HF (the fused
+    attention sums in another order; Inductor fuses the norms): it must differ only at ulp level,
+    i.e. agree on the top-1 token at >= 99.9 % of 2,000 teacher-forced positions (4 sequences of
+    500 tokens, decoded together one position per step, every step the compiled graph)."""
+    from test_dtype import teacher_forced_logits
+
+    from services.generation.weights.locate import load_checkpoint
+    from services.preprocess.model import load_model
+
+    n_seqs, n = 4, 500
+    text = load_model("default").tokenizer.encode(_long_text())
+    segments = [text[i * 600 : i * 600 + n + 1] for i in range(n_seqs)]
+    assert all(len(seg) == n + 1 for seg in segments)
+    checkpoint = load_checkpoint("default")
+    oracle = ModelRunner(checkpoint, RunnerConfig(256, 16, "cpu", num_threads=1, dtype="float32", quantization="none"))
+    assert oracle.numerics.kernels == "reference"
+    want = torch.stack([teacher_forced_logits(oracle, seg, chunk=256)[:n].argmax(-1) for seg in segments], 1)
+    del oracle
+    runner = ModelRunner(checkpoint, RunnerConfig(256, 16, "cpu", num_threads=1, dtype="float32", quantization="none",
+                                                  kernels="cpu"))
+    runner.warm_up()
+    assert runner.numerics.compiled and runner.decode_graphs.is_warm
+    blocks_per_seq = -(-(n + 1) // 16)
+    tables = torch.arange(n_seqs * blocks_per_seq, dtype=torch.int32).view(n_seqs, blocks_per_seq)
+    got = []
+    with torch.inference_mode():
+        for pos in range(n):  # one position of every sequence per step: each step is the compiled graph
+            width = pos // 16 + 1
+            meta = StepMetadata(
+                positions=torch.full((n_seqs,), pos), slot_mapping=tables[:, pos // 16].long() * 16 + pos % 16,
+                block_tables=tables[:, :width], cu_seqlens_q=torch.arange(n_seqs + 1, dtype=torch.int32),
+                context_lens=torch.full((n_seqs,), pos + 1, dtype=torch.int32), logits_indices=torch.arange(n_seqs),
+            )
+            ids = torch.tensor([seg[pos] for seg in segments])
+            got.append(runner.forward(ids, meta).argmax(-1))
+    agreement = (torch.stack(got) == want).float().mean().item()
+    assert agreement >= 0.999, agreement
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graphs_replay_the_eager_triton_tokens(tiny_checkpoint):
+    """On the GPU: the captured graphs (Triton kernels inside, padded buckets) give the eager tokens."""
+    def cuda_runner(compile: bool) -> ModelRunner:
+        return ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cuda", dtype="float32", max_num_seqs=8, compile=compile))
+
+    eager = _greedy_tokens(cuda_runner(False), PROMPTS)
+    runner = cuda_runner(True)
+    assert isinstance(runner.decode_graphs, CudaGraphDecode) and runner.numerics.kernels == "triton"
+    runner.warm_up()
+    assert sorted(runner.decode_graphs.graphs) == [1, 2, 4, 8]
     assert _greedy_tokens(runner, PROMPTS) == eager
