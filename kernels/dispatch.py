@@ -6,9 +6,10 @@
     ops = KernelOps.create("cpu", force_triton=True)   # triton through the interpreter; needs
                                                        # TRITON_INTERPRET=1 before triton is imported
 
-Backends differ only in ``attention`` (RoPE + KV-cache write + paged attention of one layer):
-one fused C++ call on "cpu", the three separate ops elsewhere. The cheap elementwise ops
-(rms_norm, silu_and_mul) are the references on CPU; torch.compile fuses them into the step.
+Backends differ in ``attention`` (RoPE + KV-cache write + paged attention of one layer): one
+fused C++ call on "cpu", the three separate ops elsewhere; and "cpu" draws all-greedy batches with
+a vectorised C++ argmax. The cheap elementwise ops (rms_norm, silu_and_mul) are the references on
+CPU; torch.compile fuses them into the decode step.
 Triton and the C++ library are imported/loaded only inside ``create`` when chosen, so importing
 this module costs torch only. The choice is logged once per ``create``. Shapes: T tokens in the
 step, B sequences, Hq/Hk query/KV heads, D head dim, NB cache blocks of BS slots.
@@ -69,7 +70,13 @@ def _cpu_impls() -> dict[str, Callable]:
     from kernels import cpu
 
     cpu.ensure_loaded()  # raises KernelBuildError when the library cannot be built here
-    return _reference_impls() | {"attention": cpu.attention}
+
+    def sample(logits, temperature, top_k, top_p, min_p, seeds, offsets):
+        if not bool((temperature > 0).any()):  # every row greedy: the vectorised argmax
+            return cpu.argmax_rows(logits)
+        return reference.sample_ref(logits, temperature, top_k, top_p, min_p, seeds, offsets)
+
+    return _reference_impls() | {"attention": cpu.attention, "sample": sample}
 
 
 def _check_interpreter() -> None:

@@ -6,6 +6,8 @@
     attention(qkv [T, (Hq + 2 Hk) D], positions, cos_sin, k_cache, v_cache, slot_mapping,
               block_tables, cu_seqlens_q, context_lens, num_heads, num_kv_heads, scale) -> [T, Hq D]
         one layer's RoPE + KV-cache write + paged causal attention in one call.
+    argmax_rows(logits [B, V] fp32) -> [B] int64
+        the greedy draw (first index of the max, like torch.argmax, vectorised).
 
 Their plain-torch oracles are kernels.reference.quant_matmul_ref and the reference
 rotary / store_kv / paged_attention ops; tests/kernels/test_cpu_ops.py holds them together.
@@ -20,7 +22,8 @@ import torch
 from kernels.cpu import library
 from kernels.cpu.packing import PackedWeight, pack, unpack_rows
 
-__all__ = ["PackedWeight", "attention", "ensure_loaded", "load_error", "pack", "quant_matmul", "unpack_rows"]
+__all__ = ["PackedWeight", "argmax_rows", "attention", "ensure_loaded", "load_error", "pack", "quant_matmul",
+           "unpack_rows"]
 
 _fakes_registered = False
 
@@ -40,6 +43,10 @@ def ensure_loaded() -> None:
     def _attention_fake(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables, cu_seqlens_q,
                         context_lens, num_heads, num_kv_heads, scale):
         return qkv.new_empty((qkv.shape[0], num_heads * k_cache.shape[-1]))
+
+    @torch.library.register_fake("mstar_cpu::argmax_rows")
+    def _argmax_rows_fake(logits):
+        return logits.new_empty((logits.shape[0],), dtype=torch.int64)
 
     _fakes_registered = True
 
@@ -72,3 +79,7 @@ def attention(
 ) -> torch.Tensor:  # [T, Hq D] in qkv's dtype
     return torch.ops.mstar_cpu.attention(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables,
                                          cu_seqlens_q, context_lens, num_heads, num_kv_heads, scale)
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:  # [B, V] fp32 -> [B] int64
+    return torch.ops.mstar_cpu.argmax_rows(logits)

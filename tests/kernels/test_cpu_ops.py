@@ -133,3 +133,25 @@ def test_fused_attention_is_rotary_store_and_paged_attention(specs, n_heads, n_k
     torch.testing.assert_close(v_cache, v_ref, atol=0, rtol=0)
     torch.testing.assert_close(got.float(), want.float(), **tol)
     assert not got[-2:].any()  # padding rows (context 0) attend nothing
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 16, 49152 + 3])
+def test_argmax_rows_is_torch_argmax_ties_included(vocab):
+    logits = torch.randn(5, vocab)
+    logits[1] = 0.5  # an all-tie row: the first index
+    logits[2, vocab // 2 :] = float("-inf")  # filtered tokens
+    logits[3, -1] = logits[3].max() + 1  # the max in the tail past the last full vector
+    if vocab > 3:
+        logits[4, 2] = logits[4, 3] = logits[4].max() + 1  # a tie between two maxima
+    assert cpu.argmax_rows(logits).tolist() == logits.argmax(-1).tolist()
+
+
+def test_greedy_rows_draw_with_the_vectorised_argmax_and_sampled_rows_with_the_reference():
+    from kernels.reference import sample_ref
+
+    logits = torch.randn(4, 300)
+    params = {"top_k": torch.zeros(4, dtype=torch.int64), "top_p": torch.ones(4), "min_p": torch.zeros(4),
+              "seeds": torch.arange(4), "offsets": torch.zeros(4, dtype=torch.int64)}
+    ops = KernelOps.create("cpu", backend="cpu")
+    for temperature in (torch.zeros(4), torch.tensor([0.0, 0.7, 0.0, 1.3])):
+        assert ops.sample(logits, temperature, **params).tolist() == sample_ref(logits, temperature, **params).tolist()

@@ -11,6 +11,7 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& positions, const a
                      at::Tensor v_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                      const at::Tensor& cu_seqlens_q, const at::Tensor& context_lens, int64_t num_heads,
                      int64_t num_kv_heads, double scale);
+at::Tensor argmax_rows(const at::Tensor& logits);
 }  // namespace mstar_cpu
 
 TORCH_LIBRARY(mstar_cpu, m) {
@@ -19,9 +20,11 @@ TORCH_LIBRARY(mstar_cpu, m) {
       "attention(Tensor qkv, Tensor positions, Tensor cos_sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
       "Tensor slot_mapping, Tensor block_tables, Tensor cu_seqlens_q, Tensor context_lens, int num_heads, "
       "int num_kv_heads, float scale) -> Tensor");
+  m.def("argmax_rows(Tensor logits) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mstar_cpu, CPU, m) {
   m.impl("quant_matmul", &mstar_cpu::quant_matmul);
   m.impl("attention", &mstar_cpu::attention);
+  m.impl("argmax_rows", &mstar_cpu::argmax_rows);
 }
