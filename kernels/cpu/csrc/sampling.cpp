@@ -19,9 +19,15 @@ namespace {
 
 int64_t argmax_row(const float* x, int64_t n) {
   float m = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : m)
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
   int64_t i = 0;
+#if defined(__AVX512F__)
+  __m512 run[4] = {_mm512_set1_ps(m), _mm512_set1_ps(m), _mm512_set1_ps(m), _mm512_set1_ps(m)};
+  for (; i + 64 <= n; i += 64)  // four independent running maxima: no dependency chain
+    for (int v = 0; v < 4; ++v) run[v] = _mm512_max_ps(run[v], _mm512_loadu_ps(x + i + 16 * v));
+  m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(run[0], run[1]), _mm512_max_ps(run[2], run[3])));
+#endif
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  i = 0;
 #if defined(__AVX512F__)
   const __m512 mv = _mm512_set1_ps(m);
   for (; i + 16 <= n; i += 16) {
