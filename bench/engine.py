@@ -8,7 +8,9 @@ time over the steps in which every sequence decoded one token; HF batched genera
 B * (N - 1) / (t(generate N) - t(generate 1)), i.e. prefill subtracted: HF's best case, no
 padding and every row useful until the end. Per batch size the systems take turns for --rounds
 rounds (HF, then each variant) and each reports its best round, so a burst of load from other
-processes hits all of them alike; the ratio is against HF fp32 of the same run.
+processes hits all of them alike; the ratio is against HF fp32 of the same run, by wall clock and
+by process CPU time (with one thread the CPU-time ratio is immune to other processes taking the
+core, though not to them sharing its caches and memory bandwidth).
 
 Variants (bench/step_profile.py VARIANTS): default = what `make run` serves (a GGUF's own block
 codes through kernels/cpu, compiled decode graphs; on CUDA bf16, Triton, CUDA graphs),
@@ -58,19 +60,26 @@ def new_engine(runner: ModelRunner, max_num_seqs: int) -> Engine:
                                        max_num_seqs=max_num_seqs, max_num_batched_tokens=2048), on_step=lambda out: None)
 
 
+def clocks() -> torch.Tensor:
+    """(wall, process CPU) seconds now. CPU time does not count the moments another process had the
+    core, so with one thread its rates compare the two systems' work even on a loaded box."""
+    return torch.tensor([time.perf_counter(), time.process_time()], dtype=torch.float64)
+
+
 def drain(engine: Engine):
     while engine.seqs or not engine._commands.empty():
-        t = time.perf_counter()
+        t = clocks()
         out = engine.run_once()
-        yield out, time.perf_counter() - t
+        yield out, clocks() - t
 
 
-def ours_decode(runner: ModelRunner, batch: int, prompt_len: int, new_tokens: int) -> float:
+def ours_decode(runner: ModelRunner, batch: int, prompt_len: int, new_tokens: int) -> torch.Tensor:
+    """Decode tokens per (wall, CPU) second."""
     engine = new_engine(runner, 64)
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     for i, p in enumerate(prompts(batch, prompt_len)):
         engine.add_request(i, p, params)
-    num_tokens, seconds = 0, 0.0
+    num_tokens, seconds = 0, torch.zeros(2, dtype=torch.float64)
     for out, dt in drain(engine):
         if out.num_batched_tokens == batch and len(out.tokens) == batch:  # a pure decode step
             num_tokens, seconds = num_tokens + batch, seconds + dt
@@ -84,20 +93,21 @@ def ours_mixed(runner: ModelRunner, requests: list[tuple[list[int], int]]) -> fl
         engine.add_request(i, prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
     produced = sum(len(out.tokens) for out, _ in drain(engine))
     assert produced == sum(n for _, n in requests)
-    return produced / (time.perf_counter() - t)
+    return produced / (time.perf_counter() - t)  # wall clock only
 
 
-def hf_generate(model, ids: torch.Tensor, mask: torch.Tensor, n: int) -> float:
-    t = time.perf_counter()
+def hf_generate(model, ids: torch.Tensor, mask: torch.Tensor, n: int) -> torch.Tensor:
+    t = clocks()
     with torch.inference_mode():
         model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
                        do_sample=False, pad_token_id=2, eos_token_id=None)
     if model.device.type == "cuda":
         torch.cuda.synchronize()  # the last step's kernels may still be queued
-    return time.perf_counter() - t
+    return clocks() - t
 
 
-def hf_decode(model, batch: int, prompt_len: int, new_tokens: int) -> float:
+def hf_decode(model, batch: int, prompt_len: int, new_tokens: int) -> torch.Tensor:
+    """Decode tokens per (wall, CPU) second, prefill subtracted."""
     ids = torch.tensor(prompts(batch, prompt_len), device=model.device)
     mask = torch.ones_like(ids)
     hf_generate(model, ids, mask, 2)  # warm-up
@@ -111,7 +121,7 @@ def hf_mixed(model, requests: list[tuple[list[int], int]]) -> float:
         width = max(len(p) for p, _ in group)
         ids = torch.tensor([[2] * (width - len(p)) + p for p, _ in group], device=model.device)  # left padding
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in group], device=model.device)
-        seconds += hf_generate(model, ids, mask, max(n for _, n in group))
+        seconds += float(hf_generate(model, ids, mask, max(n for _, n in group))[0])
     return sum(n for _, n in requests) / seconds
 
 
@@ -174,17 +184,18 @@ def main() -> None:
             ours_decode(runner, 2, args.prompt_len, 4)  # warm-up
             print(f"{name}: {runner.numerics.describe()}", flush=True)
         for batch in args.batches:
-            best: dict[str, float] = {}
+            best: dict[str, torch.Tensor] = {}  # name -> best (wall, CPU) rate over the rounds
             for _ in range(args.rounds):
                 rate = hf_decode(hf, batch, args.prompt_len, args.new_tokens)
-                best["HF"] = max(best.get("HF", 0.0), rate)
+                best["HF"] = torch.maximum(best.get("HF", rate), rate)
                 for name, runner in runners.items():
                     rate = ours_decode(runner, batch, args.prompt_len, args.new_tokens)
-                    best[name] = max(best.get(name, 0.0), rate)
+                    best[name] = torch.maximum(best.get(name, rate), rate)
             for name in runners:
-                decode.append((threads, name, batch, best[name], best["HF"]))
-                print(f"decode threads={threads} {name} B={batch}: mstar {best[name]:.1f} tok/s, HF {best['HF']:.1f}, "
-                      f"{best[name] / best['HF']:.2f}x", flush=True)
+                ours, base = best[name].tolist(), best["HF"].tolist()
+                decode.append((threads, name, batch, ours, base))
+                print(f"decode threads={threads} {name} B={batch}: mstar {ours[0]:.1f} tok/s, HF {base[0]:.1f} "
+                      f"({ours[0] / base[0]:.2f}x wall, {ours[1] / base[1]:.2f}x CPU time)", flush=True)
         if requests:
             b = hf_mixed(hf, requests)
             for name, runner in runners.items():
@@ -211,10 +222,12 @@ def render_section(args, device, hf_dtype, decode, mixed, profiles) -> str:
              f"Decode: default model (SmolLM2-135M-Instruct Q4_1 GGUF), {args.batches} sequences x "
              f"{args.prompt_len}-token prompts, {args.new_tokens} greedy tokens, EOS ignored, best of {args.rounds} "
              f"interleaved rounds; `python -m bench.engine " + " ".join(_argv()) + "`.", "",
-             f"| threads | mstar variant | sequences | mstar decode tok/s | HF generate {hf_name} tok/s | ratio |",
-             "|---:|---|---:|---:|---:|---:|"]
+             f"| threads | mstar variant | sequences | mstar decode tok/s | HF generate {hf_name} tok/s | ratio (wall) "
+             "| ratio (CPU time) |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
     for t, name, b, a, h in decode:
-        lines.append(f"| {t} | {name} | {b} | {a:.1f} | {h:.1f} | {a / h:.2f}x |")
+        cpu_ratio = f"{a[1] / h[1]:.2f}x" if device.type == "cpu" else "-"
+        lines.append(f"| {t} | {name} | {b} | {a[0]:.1f} | {h[0]:.1f} | {a[0] / h[0]:.2f}x | {cpu_ratio} |")
     if mixed:
         lines += ["", f"Mixed workload: {args.mixed_requests} requests, prompts 16-256 and outputs 16-128 tokens "
                   f"(seeded), {MIXED_CONCURRENCY} in flight; useful output tokens / wall time, prefill included.", "",
