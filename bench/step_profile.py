@@ -167,7 +167,7 @@ def profile_variant(name: str, checkpoint, batch: int, threads: int, steps: int)
     runner = make_runner(name, checkpoint, threads)
     if hasattr(runner, "warm_up"):
         runner.warm_up()
-    compiled = getattr(runner, "decode_graphs", None) is not None
+    compiled = getattr(runner, "compiled", None) is not None
     engine = _engine(runner, batch)
     timer = PartTimer()
     forward, sampler = runner.forward if hasattr(runner, "forward") else None, runner.sampler

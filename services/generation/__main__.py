@@ -53,8 +53,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="CPU ops: cpu (compiled C++, kernels/cpu) or reference (plain torch, the oracle)")
     p.add_argument("--no-compile", dest="compile", action="store_false",
                    default=os.environ.get("MSTAR_COMPILE", "1") != "0",
-                   help="run decode steps eagerly (debugging; also MSTAR_COMPILE=0); default: compiled graphs "
-                        "built at warm-up (services/generation/decode_graphs.py)")
+                   help="run every step eagerly (debugging; also MSTAR_COMPILE=0); default: compiled code "
+                        "built at warm-up (services/generation/compiled_step.py)")
     p.add_argument("--kv-blocks", type=int, default=1024)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=64)

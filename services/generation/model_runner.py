@@ -13,7 +13,7 @@ import torch
 
 from kernels import cpu
 from kernels.dispatch import KernelOps
-from services.generation.decode_graphs import CompiledDecode, CudaGraphDecode
+from services.generation.compiled_step import CompiledStep, CudaGraphDecode
 from services.generation.models.llama import KVCache, StepMetadata, Transformer
 from services.generation.numerics import choose, resolve_device
 from services.generation.sampler import SampleOutput, Sampler
@@ -34,7 +34,7 @@ class RunnerConfig:
     dtype: str = "auto"  # auto | float32 | bfloat16 (activations and KV cache); numerics.py
     quantization: str = "auto"  # auto (a GGUF's own blocks) | gguf (required) | none (dense)
     kernels: str = "auto"  # auto | cpu | reference (the HF oracle) | triton
-    compile: bool = True  # decode steps as compiled graphs (decode_graphs.py); False: eager
+    compile: bool = True  # the step as compiled code (compiled_step.py); False: eager
     max_num_seqs: int = 64  # the largest decode batch a graph must hold
 
 
@@ -58,16 +58,17 @@ class ModelRunner:
                                      checkpoint.blocks, quantized=self.numerics.quantized)
             self.kv_cache = KVCache(checkpoint.config, config.num_blocks, config.block_size, self.device, self.dtype)
         self.sampler = Sampler(self.ops, self.device)
-        self.decode_graphs: CompiledDecode | CudaGraphDecode | None = None
-        if self.numerics.compiled:
-            graphs = CudaGraphDecode if self.device.type == "cuda" else CompiledDecode
-            self.decode_graphs = graphs(self.model, self.kv_cache, config.max_num_seqs, self.max_blocks)
+        self.compiled: CompiledStep | CudaGraphDecode | None = None
+        if self.numerics.compiled and self.device.type == "cuda":
+            self.compiled = CudaGraphDecode(self.model, self.kv_cache, config.max_num_seqs, self.max_blocks)
+        elif self.numerics.compiled:
+            self.compiled = CompiledStep(self.model, self.kv_cache)
         log.info(self.numerics.describe(), extra={"threads": torch.get_num_threads()})
 
     def warm_up(self) -> None:
-        """Compile / capture the decode graphs (part of readiness: the service is not SERVING yet)."""
-        if self.decode_graphs is not None:
-            self.decode_graphs.warm_up()
+        """Compile the step / capture the decode graphs (part of readiness: not SERVING yet)."""
+        if self.compiled is not None:
+            self.compiled.warm_up()
 
     @property
     def vocab_size(self) -> int:
@@ -117,12 +118,10 @@ class ModelRunner:
         return torch.tensor(input_ids, dtype=torch.int64, device=dev), meta
 
     def forward(self, input_ids: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
-        """Logits [S, V] fp32 of one step: a compiled decode graph when one covers it, else eager."""
-        graphs = self.decode_graphs  # used once warm_up() built them: never compiled inside a step
-        n = input_ids.shape[0]
-        if graphs is not None and graphs.is_warm and meta.logits_indices.shape[0] == n == meta.context_lens.shape[0] \
-                and graphs.covers(n):
-            return graphs(input_ids, meta)  # every row is one sequence's one new token, and samples
+        """Logits [S, V] fp32 of one step: compiled code when it covers the step, else eager."""
+        compiled = self.compiled  # used once warm_up() built it: nothing compiles inside a step
+        if compiled is not None and compiled.is_warm and compiled.covers(input_ids, meta):
+            return compiled(input_ids, meta)
         return self.model.forward(input_ids, meta, self.kv_cache)
 
     @torch.inference_mode()

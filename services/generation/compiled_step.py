@@ -1,9 +1,7 @@
-"""Decode steps as compiled graphs, built during warm-up: the hot loop without per-op dispatch.
+"""The model step as compiled code, built during warm-up: no per-op dispatch in the hot loop.
 
-A decode step (every scheduled sequence computes one token and samples it) is the same computation
-at every step but for the batch size, so it is compiled once and replayed. Prefill and mixed steps
-stay eager (their shapes vary with the prompt chunks). Two implementations, one interface
-(``covers(n)``, ``warm_up()``, ``__call__(input_ids, meta) -> logits``):
+Two implementations, one interface (``covers(input_ids, meta)``, ``warm_up()``, ``is_warm``,
+``__call__(input_ids, meta) -> logits``):
 
   * CUDA (``CudaGraphDecode``, as nano-vllm): the forward is captured into one CUDA graph per
     bucket size (1, 2, 4, 8, 16, 32, 48, ... up to max_num_seqs), largest first, sharing one memory
@@ -13,12 +11,15 @@ stay eager (their shapes vary with the prompt chunks). Two implementations, one 
     its metadata only from those buffers, and the block-table width is fixed (max blocks per
     sequence), so one capture serves every context length. A step larger than the largest bucket
     runs eager.
-  * CPU (``CompiledDecode``): torch.compile (Inductor: C++/OpenMP) of the forward, with the batch
-    and block-table dimensions unbacked-dynamic: ONE graph for every batch size and context length
-    (a dynamic but backed size would be specialised at 1: a second graph, twice the warm-up). No
-    padding: on CPU there is no launch cost to amortise, and a padded row costs real matmul work.
-    Inductor's on-disk cache (the generation service keeps it in ~/.cache/mstar/inductor) makes a
-    restart's compile a cache load; what remains is Dynamo tracing the 30 layers.
+    Prefill and mixed steps run eager there (CUDA graphs need static shapes).
+  * CPU (``CompiledStep``): torch.compile (Inductor: C++/OpenMP) of the forward with every
+    dimension of the step's inputs unbacked-dynamic (tokens, sequences, logits rows, block-table
+    width): ONE graph serves every step, decode, prefill and mixed, any batch and context (a
+    dynamic but backed size would be specialised at 1: more graphs, more warm-up). No padding: on
+    CPU there is no launch cost to amortise, and a padded row costs real matmul work. Every step
+    running the same code also keeps a sequence's tokens independent of its batch-mates. Inductor's
+    on-disk cache (the generation service keeps it in ~/.cache/mstar/inductor) makes a restart's
+    compile a cache load; what remains is Dynamo tracing the 30 layers.
 
 Both compile or capture during ``warm_up()`` (called by the runner before the service reports
 SERVING) on inputs made only of padding rows, so warm-up never writes the KV cache.
@@ -123,8 +124,10 @@ class CudaGraphDecode:
         self.outputs: dict[int, torch.Tensor] = {}
         self.is_warm = False
 
-    def covers(self, n: int) -> bool:
-        return bucket_for(n, self.sizes) is not None
+    def covers(self, input_ids: torch.Tensor, meta: StepMetadata) -> bool:
+        """A pure decode step (one new token per sequence, every one sampled) that fits a bucket."""
+        n = input_ids.shape[0]
+        return meta.logits_indices.shape[0] == n == meta.context_lens.shape[0] and bucket_for(n, self.sizes) is not None
 
     def _synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -158,21 +161,29 @@ class CudaGraphDecode:
         return self.outputs[rows][:n]
 
 
-def _guards_on_step_inputs(entries) -> list[bool]:
-    """Keep Dynamo's guards on the step's inputs (input_ids, meta: dtypes, ranks, strides) and its
-    global state; drop the ~3,000 on the model's modules, weights, KV-cache tensors and module
-    globals, which never change for the runner's lifetime (checking them cost 1.3 ms a step)."""
-    return [e.name == "" or e.name.startswith(("input_ids", "meta")) for e in entries]
+_MODEL_GUARDS_KEPT = {"TYPE_MATCH", "CONSTANT_MATCH", "EQUALS_MATCH", "SEQUENCE_LENGTH", "CLASS_MATCH"}
 
 
-class CompiledDecode:
-    """torch.compile of the forward for decode steps, dynamic in batch size and block-table width."""
+def _guards_that_tell_models_apart(entries) -> list[bool]:
+    """Dynamo checks ~3,000 guards per call of the default model's step (1.3 ms a step): per-tensor
+    checks of every weight, "no hooks on this module", "attribute not shadowed", module globals.
+    Keep the step's inputs, the KV-cache tensors, the global state, and the modules' types and
+    constants (another model, other sizes or other numerics, fails those, so a graph is never
+    reused for a model it was not traced on: Dynamo caches per code object, shared by every
+    Transformer in the process); drop the rest, which cannot change for a runner's lifetime."""
+    keep = []
+    for e in entries:
+        on_inputs = e.name == "" or e.name.startswith(("input_ids", "meta", "kv_cache"))
+        keep.append(on_inputs or (e.name.startswith("self") and e.guard_type in _MODEL_GUARDS_KEPT))
+    return keep
 
-    def __init__(self, model: Transformer, kv_cache: KVCache, max_num_seqs: int, max_blocks: int,
-                 backend: str = "inductor"):
+
+class CompiledStep:
+    """torch.compile of the forward, every input dimension dynamic: one graph for every step."""
+
+    def __init__(self, model: Transformer, kv_cache: KVCache, backend: str = "inductor"):
         """backend: torch.compile's; "aot_eager" in the fast tests (the same tracing, no C++ compile)."""
         self.model, self.kv_cache = model, kv_cache
-        self.max_num_seqs, self.max_blocks = max_num_seqs, max_blocks
         self.device = kv_cache.k[0].device
         # The wrapper's stride asserts on every op output: ~650 Python calls a step (0.5 ms at one row).
         torch._inductor.config.size_asserts = False
@@ -181,18 +192,18 @@ class CompiledDecode:
             # parallel C++ compiles win there, and the warm (cached) restart needs no compiler at all.
             torch._inductor.config.compile_threads = 1
         self.compiled = torch.compile(model.forward, fullgraph=True, dynamic=False, backend=backend,
-                                      options={"guard_filter_fn": _guards_on_step_inputs})
+                                      options={"guard_filter_fn": _guards_that_tell_models_apart})
         self.is_warm = False
 
-    def covers(self, n: int) -> bool:
-        return 1 <= n <= self.max_num_seqs
+    def covers(self, input_ids: torch.Tensor, meta: StepMetadata) -> bool:
+        return input_ids.shape[0] > 0
 
     @torch.inference_mode()
     def warm_up(self) -> None:
         t0 = time.monotonic()
         self(*padding_step(2, 2, self.device))
         self.is_warm = True
-        log.info("compiled the decode step", extra={"seconds": round(time.monotonic() - t0, 1)})
+        log.info("compiled the model step", extra={"seconds": round(time.monotonic() - t0, 1)})
 
     def __call__(self, input_ids: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
         # The graph was traced on contiguous inputs; its guards check strides too.
@@ -201,7 +212,7 @@ class CompiledDecode:
                                                       meta.cu_seqlens_q, meta.context_lens, meta.logits_indices)))
         for t in (input_ids, meta.positions, meta.slot_mapping, meta.context_lens, meta.logits_indices,
                   meta.block_tables, meta.cu_seqlens_q):
-            torch._dynamo.decorators.mark_unbacked(t, 0)
+            torch._dynamo.decorators.mark_unbacked(t, 0)  # each its own size: tokens, sequences, rows
         torch._dynamo.decorators.mark_unbacked(meta.block_tables, 1)
         if not self.is_warm:
             return self.compiled(input_ids, meta, self.kv_cache)

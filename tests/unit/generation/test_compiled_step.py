@@ -1,6 +1,7 @@
-"""Compiled decode steps (decode_graphs.py), everything that runs without a GPU: bucket choice,
-padding, the static metadata a captured graph reads, capture/replay around a stand-in capture, the
-torch.compile graph (traced with aot_eager here; Inductor in a slow test), and the eager fallback."""
+"""The step as compiled code (compiled_step.py), everything that runs without a GPU: bucket choice,
+padding, the static metadata a captured CUDA graph reads, capture/replay around a stand-in capture,
+the torch.compile graph serving every step (traced with aot_eager here; Inductor in slow tests),
+and the eager fallback."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pytest
 import torch
 from generation_helpers import drive
 
-from services.generation.decode_graphs import (
-    CompiledDecode,
+from services.generation.compiled_step import (
+    CompiledStep,
     CudaGraphDecode,
     StaticDecodeInputs,
     bucket_for,
@@ -160,8 +161,9 @@ class _SpyGraphs:
     def __init__(self, runner, max_rows):
         self.runner, self.max_rows, self.is_warm, self.calls = runner, max_rows, False, []
 
-    def covers(self, n):
-        return n <= self.max_rows
+    def covers(self, input_ids, meta):  # what CudaGraphDecode covers: pure decode steps that fit
+        decode = meta.logits_indices.shape[0] == len(input_ids) == meta.context_lens.shape[0]
+        return decode and len(input_ids) <= self.max_rows
 
     def __call__(self, input_ids, meta):
         assert meta.cu_seqlens_q.tolist() == list(range(len(input_ids) + 1))  # one token per sequence
@@ -169,8 +171,8 @@ class _SpyGraphs:
         return self.runner.model.forward(input_ids, meta, self.runner.kv_cache)
 
 
-def test_the_runner_uses_the_graphs_only_for_warm_pure_decode_steps_they_cover(runner):
-    runner.decode_graphs = graphs = _SpyGraphs(runner, max_rows=4)
+def test_the_runner_uses_compiled_code_only_when_warm_and_for_the_steps_it_covers(runner):
+    runner.compiled = graphs = _SpyGraphs(runner, max_rows=4)
     _greedy_tokens(runner, PROMPTS[:2], n_new=3)
     assert graphs.calls == []  # not warm: never compiles inside a step
     graphs.is_warm = True
@@ -178,22 +180,43 @@ def test_the_runner_uses_the_graphs_only_for_warm_pure_decode_steps_they_cover(r
     assert graphs.calls and set(graphs.calls) <= {1, 2, 3, 4}
 
 
-def test_the_compiled_decode_step_gives_the_eager_tokens_without_recompiling(tiny_checkpoint):
+def test_the_compiled_step_gives_the_eager_tokens_without_recompiling(tiny_checkpoint):
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     eager = _greedy_tokens(ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cpu", num_threads=1, compile=False)), PROMPTS)
     runner = ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cpu", num_threads=1, max_num_seqs=8))
-    runner.decode_graphs = CompiledDecode(runner.model, runner.kv_cache, 8, runner.max_blocks, backend="aot_eager")
+    runner.compiled = spy = _CountingStep(CompiledStep(runner.model, runner.kv_cache, backend="aot_eager"))
     runner.warm_up()
     frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    assert frames == 1  # one graph for every batch size and block-table width
-    assert _greedy_tokens(runner, PROMPTS) == eager  # batch sizes 5..1, block tables 1..6 wide
+    assert frames == 1  # one graph for every step
+    # prefill steps of 1..20 tokens mixed with decode rows, decode steps of 5..1 rows, tables 1..6 wide
+    assert _greedy_tokens(runner, PROMPTS) == eager
+    assert spy.prefill_steps and spy.decode_steps  # every step ran the compiled graph
     assert _greedy_tokens(runner, [PROMPTS[0]]) == [eager[0]]
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames  # no recompile while serving
 
 
+class _CountingStep:
+    """Wraps a CompiledStep, counting the prefill-bearing and the pure decode steps it ran."""
+
+    def __init__(self, step):
+        self.step, self.prefill_steps, self.decode_steps = step, 0, 0
+
+    def __getattr__(self, name):
+        return getattr(self.step, name)
+
+    def __call__(self, input_ids, meta):
+        if len(input_ids) == len(meta.context_lens):
+            self.decode_steps += 1
+        else:
+            self.prefill_steps += 1
+        return self.step(input_ids, meta)
+
+
 def test_a_step_outside_the_graphs_guards_runs_eagerly_instead_of_compiling(runner):
     torch._dynamo.reset()
-    graphs = CompiledDecode(runner.model, runner.kv_cache, 8, runner.max_blocks, backend="aot_eager")
+    torch._dynamo.utils.counters.clear()
+    graphs = CompiledStep(runner.model, runner.kv_cache, backend="aot_eager")
     graphs.warm_up()
     frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     tables = [[5, 2, 9]]
@@ -206,12 +229,29 @@ def test_a_step_outside_the_graphs_guards_runs_eagerly_instead_of_compiling(runn
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames  # not compiled inside a step
 
 
+def test_a_graph_is_never_reused_for_another_runners_cache_or_model(tiny_checkpoint):
+    """Dynamo caches graphs per code object (Transformer.forward), shared by every model in the
+    process: a runner with another KV-cache size or another model must trace its own."""
+    import dataclasses
+
+    from services.generation.weights.random_init import random_checkpoint
+
+    wider = random_checkpoint(dataclasses.replace(tiny_checkpoint.config, hidden_size=128, num_heads=8), seed=1)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    for i, (checkpoint, num_blocks) in enumerate([(tiny_checkpoint, 64), (tiny_checkpoint, 32), (wider, 64)]):
+        runner = ModelRunner(checkpoint, RunnerConfig(num_blocks, 4, "cpu", num_threads=1, compile=False))
+        runner.compiled = CompiledStep(runner.model, runner.kv_cache, backend="aot_eager")
+        runner.warm_up()
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == i + 1
+
+
 @pytest.mark.slow  # a cold Inductor compile of the tiny model: ~30-70 s on the 2-core box
 def test_the_inductor_compiled_decode_step_gives_the_eager_tokens(tiny_checkpoint):
     eager = _greedy_tokens(ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cpu", num_threads=1, compile=False)), PROMPTS)
     runner = ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cpu", num_threads=1, max_num_seqs=8))
     runner.warm_up()
-    assert runner.decode_graphs.is_warm
+    assert runner.compiled.is_warm
     assert _greedy_tokens(runner, PROMPTS) == eager
 
 
@@ -251,7 +291,7 @@ def test_compiled_fp32_cpu_kernels_agree_with_the_hf_oracle_over_2k_teacher_forc
     runner = ModelRunner(checkpoint, RunnerConfig(256, 16, "cpu", num_threads=1, dtype="float32", quantization="none",
                                                   kernels="cpu"))
     runner.warm_up()
-    assert runner.numerics.compiled and runner.decode_graphs.is_warm
+    assert runner.numerics.compiled and runner.compiled.is_warm
     blocks_per_seq = -(-(n + 1) // 16)
     tables = torch.arange(n_seqs * blocks_per_seq, dtype=torch.int32).view(n_seqs, blocks_per_seq)
     got = []
@@ -278,7 +318,7 @@ def test_cuda_graphs_replay_the_eager_triton_tokens(tiny_checkpoint):
 
     eager = _greedy_tokens(cuda_runner(False), PROMPTS)
     runner = cuda_runner(True)
-    assert isinstance(runner.decode_graphs, CudaGraphDecode) and runner.numerics.kernels == "triton"
+    assert isinstance(runner.compiled, CudaGraphDecode) and runner.numerics.kernels == "triton"
     runner.warm_up()
-    assert sorted(runner.decode_graphs.graphs) == [1, 2, 4, 8]
+    assert sorted(runner.compiled.graphs) == [1, 2, 4, 8]
     assert _greedy_tokens(runner, PROMPTS) == eager
