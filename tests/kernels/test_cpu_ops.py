@@ -146,6 +146,24 @@ def test_argmax_rows_is_torch_argmax_ties_included(vocab):
     assert cpu.argmax_rows(logits).tolist() == logits.argmax(-1).tolist()
 
 
+def test_greedy_draw_respects_a_grammar_mask():
+    # Structured output (grammar/bitmask.py) sets every disallowed token to -inf before the draw;
+    # the greedy argmax must pick among the allowed ones even when a masked token had the max.
+    vocab = 49152
+    logits = torch.randn(3, vocab)
+    logits[:, 7] = 100.0  # what the model wants, disallowed below
+    allowed = [[40_000, 123, 49_151], [5], [vocab - 1]]
+    for row, ids in enumerate(allowed):
+        keep = logits[row, ids].clone()
+        logits[row] = float("-inf")
+        logits[row, ids] = keep
+    ops = KernelOps.create("cpu", backend="cpu")
+    zeros = torch.zeros(3)
+    ints = torch.zeros(3, dtype=torch.int64)
+    tokens = ops.sample(logits, zeros, ints, torch.ones(3), zeros, ints, ints).tolist()
+    assert tokens == logits.argmax(-1).tolist() and all(t in ids for t, ids in zip(tokens, allowed, strict=True))
+
+
 def test_greedy_rows_draw_with_the_vectorised_argmax_and_sampled_rows_with_the_reference():
     from kernels.reference import sample_ref
 
