@@ -26,6 +26,7 @@ from services.preprocess.backend import (
     TokenStep,
 )
 from services.preprocess.detokenizer import Detokenizer
+from services.preprocess.input_names import input_names
 from services.preprocess.limits import Limits
 from services.preprocess.media import FileReader
 from services.preprocess.model import ModelSpec
@@ -129,11 +130,13 @@ class RequestRun:
         return self.finished or (self._backend is not None and self._backend.ended)
 
     def start(self) -> Accepted:
+        """Validate, build the prompt, admit, submit (the runner already charged its input budget)."""
         d, s = self._deps, self.spec
-        caps.validate_sampling(s.sampling, d.limits, d.model.tokenizer.vocab_size)
+        caps.validate_sampling(s.sampling, d.limits, d.model.tokenizer.vocab_size, s.surface)
         caps.validate_extra(s.extra_keys)
         ids = self._prompt.start(s)
-        self._check_fits("input.text" if not s.messages else "input.messages")
+        names = input_names(s.surface)
+        self._check_fits(names.messages if s.messages else names.text)
         self._max_tokens, self._warnings = caps.effective_max_tokens(
             s.sampling.max_tokens,
             self.prompt_tokens if self.input_done else 0,

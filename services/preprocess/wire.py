@@ -78,24 +78,11 @@ def sampling_pb(s: Sampling) -> pb.SamplingParams:
     return params
 
 
-def min_prompt_tokens(parts, max_token_bytes: int, *texts: str) -> int:
-    """A lower bound on the tokens `texts` and prompt/append `parts` become, in O(number of
-    parts): a token spans at most max_token_bytes bytes, and a str has at most as many
-    characters as UTF-8 bytes. Lets a prompt that cannot fit be refused before any per-element
-    work (template, tokenizer, validation of each token id)."""
-    chars = sum(len(t) for t in texts)
-    ids = 0
-    for p in parts:
-        source = p.WhichOneof("source")
-        if source == "token_ids":
-            ids += len(p.token_ids.ids)
-        elif source in ("text", "data"):
-            chars += len(getattr(p, source))
-    return ids + chars // max_token_bytes
-
-
-def request_spec(msg: pb.PreprocessInput, new_id: Callable[[], str] = lambda: uuid.uuid4().hex) -> RequestSpec:
-    """The domain spec of a start message; `new_id` names a request whose client chose no id."""
+def request_spec(msg: pb.PreprocessInput, surface: str,
+                 new_id: Callable[[], str] = lambda: uuid.uuid4().hex) -> RequestSpec:
+    """`surface`: the RPC it came through (Generate, GenerateStream, Session): metrics label and
+    the root of error field paths (input. / start.). `new_id` names a request whose client chose
+    no id (a preprocess replica tags it with its owner: services/preprocess/peers.py)."""
     sampling_pb = msg.model_kwargs.sampling
     values = {n: getattr(sampling_pb, n) for n in _OPTIONAL_SAMPLING if sampling_pb.HasField(n)}
     sampling = Sampling(
@@ -118,6 +105,7 @@ def request_spec(msg: pb.PreprocessInput, new_id: Callable[[], str] = lambda: uu
         sampling=sampling,
         extra_keys=tuple(msg.model_kwargs.extra.fields.keys()),
         upload_bytes=msg.ByteSize(),
+        surface=surface,
     )
 
 
