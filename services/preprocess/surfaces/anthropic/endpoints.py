@@ -1,0 +1,95 @@
+"""`POST /v1/messages` and `POST /v1/messages/count_tokens`: parse → spec, run, render.
+
+Headers: `x-api-key` is checked by Envoy when API keys are configured (and never reaches us);
+`anthropic-version` is accepted when it looks like a version date (the SDK sends 2023-06-01) and
+does not change behaviour; `anthropic-beta` is ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+from services.common import errors
+from services.common.metrics import timing_headers
+from services.preprocess.chat_template import ChatMessage
+from services.preprocess.finish import FinishReason
+from services.preprocess.request import Chunk, Complete, Failed, RequestSpec
+from services.preprocess.runner import RunScope
+from services.preprocess.surfaces import fields
+from services.preprocess.surfaces.anthropic import render
+from services.preprocess.surfaces.anthropic.body import CountTokensBody, MessagesBody
+from services.preprocess.surfaces.http import Frame, HttpRequest, field_error, json_frame, parse
+
+SURFACE = "messages"
+_VERSION = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _check_headers(req: HttpRequest) -> None:
+    version = req.headers.get("anthropic-version")
+    if version is not None and not _VERSION.fullmatch(version):
+        raise errors.invalid_argument("anthropic-version", "must be a version date such as 2023-06-01")
+
+
+def _conversation(body) -> tuple[ChatMessage, ...]:
+    out = []
+    if body.system:
+        out.append(ChatMessage("system", "".join(b.text for b in body.system)))
+    for m in body.messages:
+        out.append(ChatMessage(m.role, "".join(b.text for b in m.content)))
+    if body.messages[-1].role == "assistant":
+        # Anthropic continues a trailing assistant message (prefill); chat templates cannot
+        # render an open assistant turn faithfully, so say so instead of answering a new turn.
+        raise field_error(f"messages[{len(body.messages) - 1}].role",
+                          "a final assistant message (prefill) is not supported; end with a user message")
+    return tuple(out)
+
+
+def spec_of(body: MessagesBody, upload_bytes: int) -> RequestSpec:
+    return RequestSpec(
+        model=body.model,
+        messages=_conversation(body),
+        sampling=fields.sampling_of(body, SURFACE),
+        upload_bytes=upload_bytes,
+        surface=SURFACE,
+    )
+
+
+async def create_message(req: HttpRequest, runs: RunScope) -> AsyncIterator[Frame]:
+    _check_headers(req)
+    body = parse(MessagesBody, req)
+    stream = runs.run(spec_of(body, len(req.body)))
+    async with aclosing(stream):
+        accepted = await anext(stream)  # validation and admission errors: a real HTTP status
+        if body.stream:
+            out = render.MessageStream(body.model)
+            for frame in out.on_event(accepted):
+                yield frame
+            async for event in stream:
+                for frame in out.on_event(event):
+                    yield frame
+                if out.ended:
+                    return
+            return
+        text: list[str] = []
+        async for event in stream:
+            if isinstance(event, Chunk):
+                text.append(event.text)
+            elif isinstance(event, Failed):
+                raise event.error
+            elif isinstance(event, Complete):
+                if event.reason is FinishReason.CANCELLED:
+                    raise errors.cancelled("the request was cancelled")
+                msg = render.message("msg_" + accepted.request_id, body.model, "".join(text), event)
+                yield json_frame(msg, timing_headers(event))
+                return
+        raise errors.internal("request ended without a terminal event")
+
+
+async def count_tokens(req: HttpRequest, runs: RunScope) -> AsyncIterator[Frame]:
+    _check_headers(req)
+    body = parse(CountTokensBody, req)
+    spec = RequestSpec(model=body.model, messages=_conversation(body), upload_bytes=len(req.body), surface=SURFACE)
+    runs.runner.check_model(spec.model)
+    yield json_frame({"input_tokens": len(runs.runner.prompt_token_ids(spec))})
