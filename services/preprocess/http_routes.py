@@ -47,6 +47,7 @@ class HttpRoutes:
                       params: dict[str, str] | None = None, *args) -> AsyncIterator[httpbody_pb2.HttpBody]:
         scope = self.runner.scope(client.of_context(context))  # its client's fair share of admission
         context.add_done_callback(lambda _ctx: scope.close())
+        scope.close_after(context.time_remaining())
         metadata = {k: v for k, v in (context.invocation_metadata() or ()) if k in _HEADERS}
         req = HttpRequest(body=body, content_type=content_type, headers=metadata, params=params or {})
         sent = False

@@ -25,7 +25,15 @@ import time
 from collections.abc import AsyncIterator
 
 from services.common.contract import declared
-from services.common.errors import MstarError, already_exists, invalid_argument, not_found, quote
+from services.common.errors import (
+    Code,
+    MstarError,
+    already_exists,
+    cancelled,
+    invalid_argument,
+    not_found,
+    quote,
+)
 from services.common.metrics import PreprocessMetrics
 from services.common.serving import ServingState
 from services.preprocess import limits as caps
@@ -161,15 +169,32 @@ class RunScope:
         self.client = client
         self.budget = InputBudget(runner.deps.limits)
         self._streams: set[RunStream] = set()
+        self._closed = False
+        self._timer: asyncio.TimerHandle | None = None
 
     def run(self, spec: RequestSpec) -> RunStream:
         stream = RunStream(self.runner, spec, self.budget, self.client, self._streams.discard)
-        self._streams.add(stream)
+        if self._closed:  # the call already ended (e.g. its deadline passed before the handler ran)
+            stream.close(cancelled("the call ended before the request started"))
+        else:
+            self._streams.add(stream)
         return stream
 
-    def close(self) -> None:
+    def close_after(self, seconds: float | None) -> None:
+        """Close every stream of the call at its deadline even if nothing else does: grpc.aio does
+        not always cancel a handler whose deadline passed (seen for unary calls whose deadline
+        expired as the handler started), and the request would then run to its end."""
+        if seconds is not None:
+            expired = MstarError(Code.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED", "the call's deadline passed")
+            self._timer = asyncio.get_running_loop().call_later(max(0.0, seconds), self.close, expired)
+
+    def close(self, reason: MstarError | None = None) -> None:
+        """Close every stream of the call; a stream still iterated then raises `reason` (if any)."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
         for stream in list(self._streams):
-            stream.close()
+            stream.close(reason)
 
 
 class RunStream:
@@ -185,6 +210,7 @@ class RunStream:
         self._run: RequestRun | None = None
         self._events: AsyncIterator[Event] | None = None
         self._closed = False
+        self._reason: MstarError | None = None
 
     @property
     def request_id(self) -> str:
@@ -195,6 +221,9 @@ class RunStream:
 
     async def __anext__(self) -> Event:
         if self._closed:
+            reason, self._reason = self._reason, None
+            if reason is not None:
+                raise reason
             raise StopAsyncIteration
         if self._run is None:
             try:
@@ -217,8 +246,11 @@ class RunStream:
             await events.aclose()  # type: ignore[attr-defined]  # records an unfinished request as cancelled
         self.close()
 
-    def close(self) -> None:
-        """Abort the generation if it still runs and release its admission ticket. Idempotent."""
+    def close(self, reason: MstarError | None = None) -> None:
+        """Abort the generation if it still runs and release its admission ticket. Idempotent.
+        `reason`: what a reader still iterating gets (once) instead of the end of the stream."""
+        if not self._closed:
+            self._reason = reason
         self._closed = True
         if self._run is not None:
             self._runner._end(self._run)

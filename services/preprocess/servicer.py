@@ -75,6 +75,7 @@ class InferenceServicer(HttpRoutes, api_grpc.InferenceServiceServicer):
     def _scope(self, context) -> RunScope:
         scope = self.runner.scope(client.of_context(context))  # its client's fair share of admission
         context.add_done_callback(lambda _ctx: scope.close())
+        scope.close_after(context.time_remaining())
         return scope
 
     def _check(self, msg, prefix: str = "") -> None:

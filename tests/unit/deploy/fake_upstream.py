@@ -63,7 +63,8 @@ class FakeRunner:
 
     def scope(self, client: str = ""):
         budget = SimpleNamespace(charge=lambda size, is_append: None)
-        return SimpleNamespace(runner=self, run=script, close=lambda: None, budget=budget)
+        return SimpleNamespace(runner=self, run=script, close=lambda: None, close_after=lambda seconds: None,
+                               budget=budget)
 
     def check_model(self, model: str) -> None:
         pass
