@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from services.common.sampling_fields import FIELDS
-from services.generation.grammar.constraint import StructuredOutput
+from services.common.structured_output import StructuredOutput
 
 
 def _default(name: str):
@@ -34,7 +34,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = _default("ignore_eos")
     logprobs: int | None = _default("logprobs")  # None = no logprobs; n = the sampled token's logprob + top n
-    # None = free text; else the output must match this grammar (grammar/constraint.py). It is
+    # None = free text; else the output must match this grammar (common/structured_output.py). It is
     # checked by the engine (validate_structured_output), which names the offending part.
     structured_output: StructuredOutput | None = None
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from services.common.errors import MstarError, invalid_argument, quote, resource_exhausted
+from services.common.errors import MstarError, invalid_argument, quote, renamed, resource_exhausted
 from services.common.sampling_fields import FIELDS, public_name
+from services.common.structured_output import ConstraintError, StructuredOutput, validate_structured_output
 from services.preprocess.request import Sampling
 
 
@@ -72,6 +73,17 @@ def validate_sampling(s: Sampling, limits: Limits, vocab_size: int, surface: str
     for i, token in enumerate(s.stop_token_ids):
         if not 0 <= token < vocab_size:
             raise invalid_argument(f"{name('stop_token_ids')}[{i}]", f"must be in [0, {vocab_size})")
+
+
+def validate_constraint(c: StructuredOutput | None, renames: tuple[tuple[str, str], ...]) -> None:
+    """The engine's own caps and shape checks, here too, so a malformed constraint is refused before
+    admission, named as the surface's client spelled it. Whether it compiles only the engine knows."""
+    if c is None:
+        return
+    try:
+        validate_structured_output(c)
+    except ConstraintError as e:
+        raise renamed(invalid_argument(e.field, e.description), renames) from None
 
 
 def validate_extra(keys: tuple[str, ...]) -> None:

@@ -85,10 +85,10 @@ class PromptBuilder:
                 raise invalid_argument(names.messages, "this model has no chat template; send text")
             try:
                 if TEXT in self._open:
-                    head, self._tail = template.render_open(list(spec.messages))
+                    head, self._tail = template.render_open(list(spec.messages), spec.tools)
                     rendered = head
                 else:
-                    rendered = template.render(list(spec.messages))
+                    rendered = template.render(list(spec.messages), tools=spec.tools)
             except ChatTemplateError as exc:
                 # A bad role or an unrenderable conversation is the client's mistake: 400, not
                 # the 500 it escaped as before (found by tests/reliability/test_fuzz.py).

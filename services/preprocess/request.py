@@ -10,8 +10,10 @@ import uuid
 from dataclasses import dataclass, field
 
 from services.common.errors import MstarError
+from services.common.structured_output import StructuredOutput
 from services.preprocess.chat_template import ChatMessage
 from services.preprocess.finish import FinishReason, finish_of
+from services.preprocess.tools import Tool
 
 # Modality names used inside the service (wire enum values map onto these in wire.py).
 TEXT = "text"
@@ -49,6 +51,7 @@ class Sampling:
     logprobs: int | None = None
     include_stop: bool = False
     n: int | None = None
+    structured_output: StructuredOutput | None = None  # None = free text
 
 
 def new_request_id() -> str:
@@ -64,12 +67,17 @@ class RequestSpec:
     model: str = ""
     text: str = ""
     messages: tuple[ChatMessage, ...] = ()
+    tools: tuple[Tool, ...] = ()  # rendered into the prompt by the chat template (tools.py)
     parts: tuple[Part, ...] = ()
     # Input streams still open after this message (empty = one-shot request).
     open_inputs: frozenset[str] = frozenset()
     sampling: Sampling = field(default_factory=lambda: Sampling())
     extra_keys: tuple[str, ...] = ()
     upload_bytes: int = 0
+    # Error field renames, (engine path prefix, public name) pairs, longest prefix first: the engine
+    # names its constraint `structured_output.*`; a surface maps that onto what its client sent
+    # (`response_format.json_schema.schema`, `tools[2].function.parameters`).
+    field_renames: tuple[tuple[str, str], ...] = ()
     # Who asked: the metrics/log label ("chat.completions", "messages", "GenerateStream", ...),
     # which also picks the field names errors use (services/preprocess/sampling_fields.py).
     surface: str = "GenerateStream"

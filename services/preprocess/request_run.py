@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
-from services.common.errors import Code, MstarError, failed_precondition
+from services.common.errors import Code, MstarError, failed_precondition, renamed
 from services.preprocess import limits as caps
 from services.preprocess.admission import Admission, Ticket
 from services.preprocess.backend import (
@@ -133,6 +133,7 @@ class RequestRun:
         """Validate, build the prompt, admit, submit (the runner already charged its input budget)."""
         d, s = self._deps, self.spec
         caps.validate_sampling(s.sampling, d.limits, d.model.tokenizer.vocab_size, s.surface)
+        caps.validate_constraint(s.sampling.structured_output, s.field_renames)
         caps.validate_extra(s.extra_keys)
         ids = self._prompt.start(s)
         names = input_names(s.surface)
@@ -297,7 +298,7 @@ class RequestRun:
                 continue
             self.finished = True
             if isinstance(terminal, BackendFailed):
-                yield Failed(rid, terminal.error)
+                yield Failed(rid, renamed(terminal.error, self.spec.field_renames))
                 return
             reason = (
                 "cancelled"

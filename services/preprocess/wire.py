@@ -11,6 +11,8 @@ from mstar.v1 import inference_service_pb2 as api
 from mstar.v1 import messages_pb2 as pb
 
 from services.common.errors import invalid_argument
+from services.common.sampling_fields import native_prefix
+from services.common.structured_output_wire import structured_output_of, structured_output_pb
 from services.preprocess.chat_template import ChatMessage
 from services.preprocess.request import (
     TEXT,
@@ -75,6 +77,8 @@ def sampling_pb(s: Sampling) -> pb.SamplingParams:
         value = getattr(s, name)
         if value is not None:
             setattr(params, name, value)
+    if s.structured_output is not None:
+        params.structured_output.CopyFrom(structured_output_pb(s.structured_output))
     return params
 
 
@@ -91,6 +95,8 @@ def request_spec(msg: pb.PreprocessInput, surface: str,
         stop_token_ids=tuple(sampling_pb.stop_token_ids),
         ignore_eos=sampling_pb.ignore_eos,
         include_stop=sampling_pb.include_stop_str_in_output,
+        structured_output=(structured_output_of(sampling_pb.structured_output)
+                           if sampling_pb.HasField("structured_output") else None),
     )
     opened = {modality(m, "input.input_modalities") for m in msg.input_modalities}
     ended = {modality(m, "input.ends") for m in msg.ends}
@@ -103,6 +109,7 @@ def request_spec(msg: pb.PreprocessInput, surface: str,
         parts=tuple(_part(p, f"input.prompt_parts[{i}]") for i, p in enumerate(msg.prompt_parts)),
         open_inputs=frozenset(opened - ended),
         sampling=sampling,
+        field_renames=(("structured_output", native_prefix(surface) + "structured_output"),),
         extra_keys=tuple(msg.model_kwargs.extra.fields.keys()),
         upload_bytes=msg.ByteSize(),
         surface=surface,
@@ -229,6 +236,7 @@ def failed(e: Failed) -> pb.RequestFailed:
         http_status=err.http_status,
         reason=err.reason,
         client_request_id=e.client_request_id,
+        field=err.field_violations[0].field if err.field_violations else "",
     )
 
 

@@ -102,7 +102,8 @@ def test_logprobs(runner):
     ("max_tokens", True, "max_tokens"), ("max_tokens", 1.5, "max_tokens"), ("temperature", "1", "temperature"),
     ("n", 1.0, "n"), ("seed", 2**64, "seed"), ("stream", "yes", "stream"), ("model", 3, "model"),
     ("stop_token_ids", [1, -1], "stop_token_ids[1]"), ("messages", [], "messages"),
-    ("messages", [{"role": "tool", "content": "x"}], "messages[0].role"),
+    ("messages", [{"role": "tool", "content": "x"}], "messages[0].tool_call_id"),
+    ("messages", [{"role": "critic", "content": "x"}], "messages[0].role"),
     ("messages", [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages[0].content[0]"),
     ("messages", [{"role": "user"}], "messages[0].content"),
 ])
@@ -113,10 +114,8 @@ def test_bad_fields_are_named_as_sent(runner, name, value, field):
 def test_unknown_unsupported_ignored(runner):
     err = rejected(chat, runner, max_token=3)
     assert err.reason == "UNKNOWN_FIELD" and field_of(err) == "max_token"
-    err = rejected(chat, runner, tools=[{"type": "function"}])
-    assert err.reason == "UNSUPPORTED_FIELD" and field_of(err) == "tools"
-    err = rejected(chat, runner, messages=[{"role": "user", "content": "x", "tool_calls": [{"id": 1}]}])
-    assert err.reason == "UNSUPPORTED_FIELD" and field_of(err) == "messages[0].tool_calls"
+    err = rejected(chat, runner, functions=[{"name": "f"}])
+    assert err.reason == "UNSUPPORTED_FIELD" and field_of(err) == "functions"
     chat(runner, max_tokens=1, tools=[], tool_choice="none", response_format={"type": "text"}, user="u",
          metadata={"a": 1}, store=False, parallel_tool_calls=True)
     err = rejected(completion, runner, best_of=3)

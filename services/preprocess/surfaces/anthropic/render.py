@@ -11,6 +11,10 @@ Streaming (`stream: true`) follows Anthropic's documented sequence, every event 
     message_delta        stop_reason, stop_sequence, cumulative usage
     message_stop
 
+With tools, text that may start a call is held (services/preprocess/tools.py); each call closes
+the open block and is a `tool_use` block (content_block_start with empty `input`, one
+`input_json_delta` with the arguments, content_block_stop); stop_reason is then `tool_use`.
+
 A failure after the stream started is an `error` event (`{"type": "error", "error": {...}}`), and
 the stream ends there. Usage follows Anthropic's split: `input_tokens` are the prompt tokens NOT
 served from the prefix cache, `cache_read_input_tokens` those that were.
@@ -18,10 +22,14 @@ served from the prefix cache, `cache_read_input_tokens` those that were.
 
 from __future__ import annotations
 
+import json
+
 from services.common.errors import MstarError
 from services.preprocess.finish import FinishReason
 from services.preprocess.request import Accepted, Chunk, Complete, Failed, KeepAlive
 from services.preprocess.surfaces.http import Frame, sse
+from services.preprocess.tools import CallStream, ToolCall
+from services.preprocess.tools import parse as parse_calls
 
 STOP_REASONS = {
     FinishReason.END: "end_turn",
@@ -70,15 +78,34 @@ def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict:
     }
 
 
-def message(msg_id: str, model: str, text: str, done: Complete) -> dict:
+def tool_use_id(call: ToolCall) -> str:
+    return "toolu_" + call.id.removeprefix("call_")
+
+
+def tool_use_block(call: ToolCall, with_input: bool = True) -> dict:
+    return {"type": "tool_use", "id": tool_use_id(call), "name": call.name,
+            "input": json.loads(call.arguments) if with_input else {}}
+
+
+def stop_reason(done: Complete, called: bool) -> str | None:
+    reason = STOP_REASONS[done.reason]
+    return "tool_use" if called and reason == "end_turn" else reason
+
+
+def message(msg_id: str, model: str, text: str, done: Complete, tool_calls: bool = False) -> dict:
     """The whole message object of a non-streamed reply (also the snapshot a stream adds up to)."""
+    calls: tuple[ToolCall, ...] = ()
+    if tool_calls:
+        parsed = parse_calls(text)
+        text, calls = parsed.content, parsed.calls
+    content = [{"type": "text", "text": text}] if text or not calls else []
     return {
         "id": msg_id,
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [{"type": "text", "text": text}],
-        "stop_reason": STOP_REASONS[done.reason],
+        "content": content + [tool_use_block(c) for c in calls],
+        "stop_reason": stop_reason(done, bool(calls)),
         "stop_sequence": done.stop_reason or None,
         "usage": usage(done.prompt_tokens, done.cached_prompt_tokens, done.completion_tokens),
     }
@@ -87,9 +114,13 @@ def message(msg_id: str, model: str, text: str, done: Complete) -> dict:
 class MessageStream:
     """Domain events of one request → the SSE frames of Anthropic's event sequence."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, tool_calls: bool = False) -> None:
         self.model = model
         self.ended = False
+        self.parser = CallStream() if tool_calls else None
+        self.block = 0  # index of the last block started
+        self.block_open = True
+        self.calls = 0
 
     def on_event(self, event) -> list[Frame]:
         if isinstance(event, Accepted):
@@ -97,8 +128,10 @@ class MessageStream:
         if isinstance(event, KeepAlive):
             return [sse({"type": "ping"}, "ping")]
         if isinstance(event, Chunk) and event.text:
-            delta = {"type": "text_delta", "text": event.text}
-            return [sse({"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta")]
+            if self.parser is None:
+                return self._text(event.text)
+            text, calls = self.parser.feed(event.text)
+            return self._text(text) + [f for call in calls for f in self._call(call)]
         if isinstance(event, Complete):
             return self._finish(event)
         if isinstance(event, Failed):
@@ -123,13 +156,44 @@ class MessageStream:
             sse({"type": "ping"}, "ping"),
         ]
 
+    def _text(self, text: str) -> list[Frame]:
+        if not text:
+            return []
+        frames = []
+        if not self.block_open:
+            self.block += 1
+            self.block_open = True
+            frames.append(sse({"type": "content_block_start", "index": self.block,
+                               "content_block": {"type": "text", "text": ""}}, "content_block_start"))
+        delta = {"type": "text_delta", "text": text}
+        return frames + [sse({"type": "content_block_delta", "index": self.block, "delta": delta},
+                             "content_block_delta")]
+
+    def _call(self, call: ToolCall) -> list[Frame]:
+        frames = []
+        if self.block_open:
+            frames.append(sse({"type": "content_block_stop", "index": self.block}, "content_block_stop"))
+        self.block += 1
+        self.block_open = False
+        self.calls += 1
+        delta = {"type": "input_json_delta", "partial_json": call.arguments}
+        return frames + [
+            sse({"type": "content_block_start", "index": self.block,
+                 "content_block": tool_use_block(call, with_input=False)}, "content_block_start"),
+            sse({"type": "content_block_delta", "index": self.block, "delta": delta}, "content_block_delta"),
+            sse({"type": "content_block_stop", "index": self.block}, "content_block_stop"),
+        ]
+
     def _finish(self, done: Complete) -> list[Frame]:
         self.ended = True
         if done.reason is FinishReason.CANCELLED:
             return [sse(cancelled_error(), "error")]
-        delta = {"stop_reason": STOP_REASONS[done.reason], "stop_sequence": done.stop_reason or None}
+        frames = self._text(self.parser.finish()) if self.parser is not None else []
+        if self.block_open:
+            frames.append(sse({"type": "content_block_stop", "index": self.block}, "content_block_stop"))
+        delta = {"stop_reason": stop_reason(done, self.calls > 0), "stop_sequence": done.stop_reason or None}
         return [
-            sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+            *frames,
             sse({"type": "message_delta", "delta": delta,
                  "usage": usage(done.prompt_tokens, done.cached_prompt_tokens, done.completion_tokens)},
                 "message_delta"),

@@ -4,6 +4,11 @@ Streaming: the first chat delta carries `role: "assistant"`, every choice ends w
 delta carrying its `finish_reason`, `: keep-alive` comments fill waits, and with
 `stream_options.include_usage` every chunk has `"usage": null` and a last chunk with
 `choices: []` carries the usage. Non-streamed: one response object once every choice ended.
+
+With tools, the text is parsed for calls (services/preprocess/tools.py): streamed, text that may
+start a call is held until it is one; each call goes out as two `delta.tool_calls` fragments (id,
+type and name with empty arguments, then the arguments), as OpenAI streams them. A choice that
+made a call and ended naturally has finish_reason "tool_calls".
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from services.preprocess.request import Accepted, Chunk, Complete, Failed, KeepA
 from services.preprocess.surfaces.http import SSE_COMMENT_KEEPALIVE, Frame, json_frame, sse
 from services.preprocess.surfaces.openai import render
 from services.preprocess.surfaces.openai.render import Envelope, TokenLogprob
+from services.preprocess.tools import CallStream, ToolCall
+from services.preprocess.tools import parse as parse_calls
 
 
 @dataclass
@@ -31,6 +38,8 @@ class Choice:
     completion_tokens: int = 0
     finish: str | None = None
     timings: dict[str, float] = field(default_factory=dict)  # engine timings, ms
+    parser: CallStream | None = None  # with tools
+    calls: list[ToolCall] = field(default_factory=list)
 
 
 def token_logprobs(chunk: Chunk) -> list[TokenLogprob]:
@@ -42,13 +51,14 @@ def token_logprobs(chunk: Chunk) -> list[TokenLogprob]:
 
 class Choices:
     def __init__(self, *, chat: bool, n: int, stream: bool, include_usage: bool, logprobs: bool,
-                 model: str, token_text: Callable[[int], str], token_bytes: Callable[[int], bytes]) -> None:
+                 model: str, token_text: Callable[[int], str], token_bytes: Callable[[int], bytes],
+                 tool_calls: bool = False) -> None:
         self.stream = stream
         self.include_usage = include_usage
         self.with_logprobs = logprobs
         self.token_text = token_text
         self.token_bytes = token_bytes
-        self.choices = [Choice() for _ in range(n)]
+        self.choices = [Choice(parser=CallStream() if tool_calls else None) for _ in range(n)]
         self.env = Envelope(id="", created=int(time.time()), model=model, chat=chat)
         self.prefix = "chatcmpl-" if chat else "cmpl-"
         self.failure: MstarError | None = None
@@ -75,13 +85,30 @@ class Choices:
         entries = token_logprobs(chunk) if self.with_logprobs else []
         choice.text.append(chunk.text)
         choice.logprobs.extend(entries)
-        if not self.stream or (not chunk.text and not entries):
+        if not self.stream:
             return []
+        text, calls = (chunk.text, []) if choice.parser is None else choice.parser.feed(chunk.text)
+        frames = []
+        if text or entries:
+            frames.append(self._delta(index, choice, text, entries))
+        return frames + self._call_frames(index, choice, calls)
+
+    def _delta(self, index: int, choice: Choice, text: str, entries: list[TokenLogprob]) -> Frame:
         first = not choice.sent_first
         choice.sent_first = True
-        delta = self.env.delta_choice(index, chunk.text, first, None, self._logprobs(entries, choice))
-        choice.text_offset += len(chunk.text)
-        return [sse(self.env.chunk([delta], None, self.include_usage))]
+        delta = self.env.delta_choice(index, text, first, None, self._logprobs(entries, choice))
+        choice.text_offset += len(text)
+        return sse(self.env.chunk([delta], None, self.include_usage))
+
+    def _call_frames(self, index: int, choice: Choice, calls: list[ToolCall]) -> list[Frame]:
+        frames = []
+        for call in calls:
+            first = not choice.sent_first
+            choice.sent_first = True
+            for delta in self.env.tool_call_deltas(index, len(choice.calls), call, first):
+                frames.append(sse(self.env.chunk([delta], None, self.include_usage)))
+            choice.calls.append(call)
+        return frames
 
     def _on_complete(self, index: int, choice: Choice, done: Complete) -> list[Frame]:
         choice.finish = render.FINISH_REASONS[done.reason]
@@ -93,10 +120,17 @@ class Choices:
             self.first_complete = done
         if not self.stream:
             return []
+        frames = []
+        if choice.parser is not None:
+            rest = choice.parser.finish()  # an unfinished call (max_tokens) is text after all
+            if rest:
+                frames.append(self._delta(index, choice, rest, []))
+            if choice.calls and choice.finish == "stop":
+                choice.finish = "tool_calls"
         first = not choice.sent_first
         choice.sent_first = True
         last = self.env.delta_choice(index, "", first, choice.finish, None)
-        return [sse(self.env.chunk([last], None, self.include_usage))]
+        return [*frames, sse(self.env.chunk([last], None, self.include_usage))]
 
     def _logprobs(self, entries: list[TokenLogprob], choice: Choice) -> dict | None:
         if not self.with_logprobs:
@@ -124,5 +158,11 @@ class Choices:
             if self.with_logprobs:
                 c.text_offset = 0
                 lp = self._logprobs(c.logprobs, c)
-            choices.append(self.env.final_choice(i, "".join(c.text), c.finish or "stop", lp))
+            text, calls, finish = "".join(c.text), (), c.finish or "stop"
+            if c.parser is not None:
+                parsed = parse_calls(text)
+                text, calls = parsed.content, parsed.calls
+                if calls and finish == "stop":
+                    finish = "tool_calls"
+            choices.append(self.env.final_choice(i, text, finish, lp, calls))
         return [json_frame(self.env.response(choices, self._usage()), headers)]

@@ -30,6 +30,8 @@ from services.preprocess.surfaces.openai.body import (
 )
 from services.preprocess.surfaces.openai.choices import Choices
 from services.preprocess.surfaces.openai.fanout import merged
+from services.preprocess.surfaces.openai.structured import output_constraint, tools_of
+from services.preprocess.tools import ToolCall
 
 
 def _choice_sampling(s: Sampling, choice: int) -> Sampling:
@@ -40,13 +42,20 @@ def _choice_sampling(s: Sampling, choice: int) -> Sampling:
     return replace(s, seed=((s.seed + choice + 2**63) % 2**64) - 2**63)  # wraps within int64
 
 
+def _chat_message(m) -> ChatMessage:
+    calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or ())
+    return ChatMessage(ROLES[m.role], m.text(), calls, m.tool_call_id or "")
+
+
 async def chat_completions(req: HttpRequest, runs: RunScope) -> AsyncIterator[Frame]:
     body = parse(ChatBody, req)
-    sampling = fields.sampling_of(body, CHAT, logprobs=body.logprobs_n)
-    messages = tuple(ChatMessage(ROLES[m.role], m.text()) for m in body.messages)
-    spec = RequestSpec(model=body.model, messages=messages, sampling=sampling, upload_bytes=len(req.body),
-                       surface=CHAT)
-    async with aclosing(_serve(spec, body, runs, chat=True, logprobs=body.logprobs_n is not None)) as frames:
+    constraint, renames = output_constraint(body)
+    sampling = replace(fields.sampling_of(body, CHAT, logprobs=body.logprobs_n), structured_output=constraint)
+    messages = tuple(_chat_message(m) for m in body.messages)
+    spec = RequestSpec(model=body.model, messages=messages, tools=tools_of(body) if body.uses_tools else (),
+                       sampling=sampling, field_renames=renames, upload_bytes=len(req.body), surface=CHAT)
+    async with aclosing(_serve(spec, body, runs, chat=True, logprobs=body.logprobs_n is not None,
+                               tool_calls=body.uses_tools)) as frames:
         async for frame in frames:
             yield frame
 
@@ -54,20 +63,22 @@ async def chat_completions(req: HttpRequest, runs: RunScope) -> AsyncIterator[Fr
 async def completions(req: HttpRequest, runs: RunScope) -> AsyncIterator[Frame]:
     body = parse(CompletionBody, req)
     default = COMPLETION_DEFAULT_MAX_TOKENS if body.max_tokens is None else None
-    sampling = fields.sampling_of(body, COMPLETIONS, max_tokens=default)
+    constraint, renames = output_constraint(body)
+    sampling = replace(fields.sampling_of(body, COMPLETIONS, max_tokens=default), structured_output=constraint)
     if isinstance(body.prompt, str):
         spec = RequestSpec(model=body.model, text=body.prompt, sampling=sampling, upload_bytes=len(req.body),
-                           surface=COMPLETIONS)
+                           field_renames=renames, surface=COMPLETIONS)
     else:
         parts = (Part(TOKENS, token_ids=tuple(body.prompt)),)
         spec = RequestSpec(model=body.model, parts=parts, sampling=sampling, upload_bytes=len(req.body),
-                           surface=COMPLETIONS)
+                           field_renames=renames, surface=COMPLETIONS)
     async with aclosing(_serve(spec, body, runs, chat=False, logprobs=body.logprobs is not None)) as frames:
         async for frame in frames:
             yield frame
 
 
-async def _serve(spec: RequestSpec, body, runs: RunScope, *, chat: bool, logprobs: bool) -> AsyncIterator[Frame]:
+async def _serve(spec: RequestSpec, body, runs: RunScope, *, chat: bool, logprobs: bool,
+                 tool_calls: bool = False) -> AsyncIterator[Frame]:
     n = body.n or 1
     streams = [runs.run(replace(spec, sampling=_choice_sampling(spec.sampling, i),
                                 request_id=spec.request_id if i == 0 else f"{spec.request_id}-{i}"))
@@ -75,7 +86,7 @@ async def _serve(spec: RequestSpec, body, runs: RunScope, *, chat: bool, logprob
     model = runs.runner.model
     out = Choices(chat=chat, n=n, stream=body.stream, include_usage=body.include_usage, logprobs=logprobs,
                   model=body.model or model.name, token_text=lambda t: model.tokenizer.decode([t]),
-                  token_bytes=model.tokenizer.token_bytes)
+                  token_bytes=model.tokenizer.token_bytes, tool_calls=tool_calls)
     started = False
     events = merged(streams)
     try:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from services.common.errors import MstarError
 from services.preprocess.finish import FinishReason
 from services.preprocess.surfaces.http import SSE, Frame, sse
+from services.preprocess.tools import ToolCall
 
 DONE = Frame(b"data: [DONE]\n\n", SSE)
 
@@ -119,6 +120,10 @@ def completion_logprobs(entries: list[TokenLogprob], text: TokenText, text_offse
     }
 
 
+def tool_call_object(call: ToolCall) -> dict:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
 @dataclass
 class Envelope:
     """The fields every response object of one request shares."""
@@ -158,12 +163,23 @@ class Envelope:
             return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
-    def final_choice(self, index: int, text: str, finish: str, logprobs: dict | None) -> dict:
+    def tool_call_deltas(self, index: int, call_index: int, call: ToolCall, first: bool) -> list[dict]:
+        """One call as two streamed fragments: id, type and name, then the arguments."""
+        head = {"index": call_index, "id": call.id, "type": "function",
+                "function": {"name": call.name, "arguments": ""}}
+        opening = {"role": "assistant", "content": None} if first else {}
+        return [
+            {"index": index, "delta": {**opening, "tool_calls": [head]}, "logprobs": None, "finish_reason": None},
+            {"index": index, "delta": {"tool_calls": [{"index": call_index, "function": {"arguments": call.arguments}}]},
+             "logprobs": None, "finish_reason": None},
+        ]
+
+    def final_choice(self, index: int, text: str, finish: str, logprobs: dict | None,
+                     calls: tuple[ToolCall, ...] = ()) -> dict:
         if self.chat:
-            return {
-                "index": index,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": finish,
-            }
+            message: dict = {"role": "assistant", "content": text}
+            if calls:
+                message["content"] = text if text.strip() else None
+                message["tool_calls"] = [tool_call_object(c) for c in calls]
+            return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
