@@ -41,6 +41,7 @@ class EchoBackend(GenerationBackend):
         self.hold = hold  # True: requests never finish (until aborted)
         self.fail_after = fail_after  # tokens before the request fails UNAVAILABLE (engine lost)
         self.started: list[str] = []
+        self.sampling: list = []  # each started request's mstar.v1.SamplingParams, as sent
         self.aborted: list[str] = []
 
     def submit(self, request_id: str, prompt_ids: list[int], sampling, max_tokens: int,
@@ -55,6 +56,7 @@ class EchoBackend(GenerationBackend):
             msg = envelope.preprocess_input
             ids = [i for p in msg.prompt_parts for i in p.token_ids.ids]
             self.started.append(msg.request_id)
+            self.sampling.append(msg.model_kwargs.sampling)
             asyncio.get_running_loop().create_task(self._echo(msg.request_id, ids, msg.model_kwargs.sampling))
         elif kind == "abort":
             self.aborted.append(envelope.abort.request_id)
