@@ -137,3 +137,38 @@ def test_bad_input_is_a_400_naming_the_field_and_the_batch_is_unaffected(client)
             {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
                 "a": {"type": "strin"}}}}}])
         assert beside.result().choices[0].message.content == expected
+
+
+def test_anthropic_tool_use_and_tool_result(stack):
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=stack.http_url, api_key="unused", max_retries=0, timeout=120)
+    tool = {"name": "get_weather", "description": "Current weather in a city.",
+            "input_schema": WEATHER["function"]["parameters"]}
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    reply = claude.messages.create(model="default", max_tokens=60, extra_body={"temperature": 0}, messages=ask, tools=[tool],
+                                   tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True})
+    assert reply.stop_reason == "tool_use"
+    use = next(b for b in reply.content if b.type == "tool_use")
+    jsonschema.validate(use.input, tool["input_schema"])
+    with claude.messages.stream(model="default", max_tokens=60, extra_body={"temperature": 0}, messages=ask, tools=[tool],
+                                tool_choice={"type": "any", "disable_parallel_tool_use": True}) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use" and [b.input for b in final.content if b.type == "tool_use"] == [use.input]
+    follow = claude.messages.create(model="default", max_tokens=8, extra_body={"temperature": 0}, tools=[tool], messages=[
+        *ask, {"role": "assistant", "content": reply.content},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "21 C"}]}])
+    assert follow.stop_reason in ("end_turn", "max_tokens", "tool_use")
+
+
+def test_responses_function_call_and_output(client):
+    tool = {"type": "function", **WEATHER["function"]}
+    first = client.responses.create(model="default", input="What is the weather in Paris?", tools=[tool],
+                                    tool_choice="required", parallel_tool_calls=False, max_output_tokens=60,
+                                    temperature=0)
+    (call,) = [o for o in first.output if o.type == "function_call"]
+    jsonschema.validate(json.loads(call.arguments), tool["parameters"])
+    follow = client.responses.create(model="default", previous_response_id=first.id, max_output_tokens=8,
+                                     temperature=0, input=[{"type": "function_call_output", "call_id": call.call_id,
+                                                            "output": "21 C"}])
+    assert follow.status in ("completed", "incomplete")

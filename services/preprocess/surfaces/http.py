@@ -14,9 +14,9 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Union, get_args
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Tag, ValidationError
 from pydantic_core import PydanticCustomError, from_json
 
 from services.common import errors
@@ -97,6 +97,24 @@ def only_types(allowed: tuple[str, ...], what: str) -> BeforeValidator:
         return value
 
     return BeforeValidator(check)
+
+
+def by_type(*members: type[Body]) -> Any:
+    """A union of bodies picked by their JSON `type` (each member's `type` is a Literal). Its tags
+    are written `type(<name>)`, which error paths leave out (`input[0].call_id`, not
+    `input[0].function_call_output.call_id`)."""
+    tags = {}
+    options = []
+    for member in members:
+        names = get_args(member.model_fields["type"].annotation)
+        tags.update({name: f"type({names[0]})" for name in names})
+        options.append(Annotated[member, Tag(f"type({names[0]})")])
+
+    def pick(value: Any) -> str | None:
+        kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+        return tags.get(kind) if isinstance(kind, str) else None
+
+    return Annotated[Union[tuple(options)], Discriminator(pick)]  # noqa: UP007 (a runtime tuple of types)
 
 
 def parse(model: type[Body], req: HttpRequest) -> Body:

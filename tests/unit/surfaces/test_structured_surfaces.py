@@ -166,3 +166,61 @@ def test_anthropic_tool_use_blocks_streamed_and_not():
                      ("content_block_stop", 1), ("message_delta", None), ("message_stop", None)]
     assert events[5]["delta"] == {"type": "input_json_delta", "partial_json": '{"city": "Paris"}'}
     assert events[-2]["delta"]["stop_reason"] == "tool_use"
+
+
+def test_responses_function_call_items_streamed_and_not():
+    from services.preprocess.surfaces.responses.render import ResponseState, ResponseStream
+
+    def state():
+        return ResponseState(id="resp_1", item_id="msg_1", created_at=0, model="m", instructions=None,
+                             max_output_tokens=None, temperature=None, top_p=None, store=False,
+                             previous_response_id=None, metadata={}, parser=tools.CallStream())
+
+    s = state()
+    out = ResponseStream(s)
+    frames = out.start() + out.delta("Sure. ") + out.delta(CALL)
+    s.finish(script([])[-1])
+    events = [d for _, d in sse_events(frames + out.end())]
+    kinds = [e["type"] for e in events]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added", "response.output_text.delta", "response.output_item.added",
+                     "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                     "response.output_item.done", "response.output_text.done", "response.content_part.done",
+                     "response.output_item.done", "response.completed"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    output = events[-1]["response"]["output"]
+    assert [o["type"] for o in output] == ["message", "function_call"]
+    assert output[0]["content"][0]["text"] == "Sure. "
+    assert output[1]["name"] == "get_weather" and json.loads(output[1]["arguments"]) == {"city": "Paris"}
+    assert output[1]["call_id"].startswith("call_") and events[5]["output_index"] == 1
+    only_call = state()
+    ResponseStream(only_call).delta(CALL)
+    only_call.finish(script([])[-1])
+    assert [o["type"] for o in only_call.object()["output"]] == ["function_call"]
+
+
+def test_responses_tools_and_call_outputs(echo_runner, backend, tmp_path):
+    import asyncio
+
+    from services.preprocess.surfaces.responses.endpoints import ResponsesApi
+    from services.preprocess.surfaces.responses.store import ResponseStore
+
+    store = asyncio.run(ResponseStore(tmp_path / "r.sqlite3").open())
+    api = ResponsesApi(store)
+    try:
+        fn = {"type": "function", "name": "get_weather", "parameters": SCHEMA}
+        collect(api.create, http({"input": "Weather?", "max_output_tokens": 2, "tools": [fn],
+                                  "tool_choice": "required"}), echo_runner)
+        assert sent(backend).tool_calls.require_call
+        collect(api.create, http({"input": "A city", "max_output_tokens": 2, "text": {"format": {
+            "type": "json_schema", "name": "c", "schema": SCHEMA}}}), echo_runner)
+        assert json.loads(sent(backend).json_schema) == SCHEMA
+        history = [{"role": "user", "content": "Weather?"},
+                   {"type": "function_call", "call_id": "call_7", "name": "get_weather", "arguments": '{"city": "X"}'},
+                   {"type": "function_call_output", "call_id": "call_7", "output": "21 C"}]
+        collect(api.create, http({"input": history, "max_output_tokens": 2, "tools": [fn]}), echo_runner)
+        with pytest.raises(MstarError) as info:
+            collect(api.create, http({"input": history[:1] + history[2:], "max_output_tokens": 2}), echo_runner)
+        assert info.value.field_violations[0].field == "input[1].call_id"
+    finally:
+        asyncio.run(store.close())

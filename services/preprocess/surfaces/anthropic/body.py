@@ -15,7 +15,15 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from services.preprocess.surfaces import fields
-from services.preprocess.surfaces.http import Body, Ignored, field_error, only_types, string_or_list, unsupported
+from services.preprocess.surfaces.http import (
+    Body,
+    Ignored,
+    by_type,
+    field_error,
+    only_types,
+    string_or_list,
+    unsupported,
+)
 
 TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 
@@ -52,8 +60,7 @@ class ToolResultBlock(Body):
 
 
 BLOCK_TYPES = ("text", "tool_use", "tool_result")
-Block = Annotated[Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")],
-                  only_types(BLOCK_TYPES, "content blocks")]
+Block = Annotated[by_type(TextBlock, ToolUseBlock, ToolResultBlock), only_types(BLOCK_TYPES, "content blocks")]
 MessageContent = Annotated[list[Block], string_or_list(lambda text: {"type": "text", "text": text}, "content blocks"),
                            Field(description="A string, or an array of text, tool_use and tool_result blocks.")]
 

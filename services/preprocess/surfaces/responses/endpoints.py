@@ -22,17 +22,20 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import replace
 
 from services.common import errors
 from services.common.metrics import timing_headers
+from services.common.structured_output import StructuredOutput
 from services.preprocess.chat_template import ChatMessage
 from services.preprocess.request import Accepted, Chunk, Complete, Failed, KeepAlive, RequestSpec
 from services.preprocess.runner import RunScope
 from services.preprocess.surfaces import fields
 from services.preprocess.surfaces.http import SSE_COMMENT_KEEPALIVE, Frame, HttpRequest, json_frame, parse
-from services.preprocess.surfaces.responses.body import ROLES, ResponsesBody
+from services.preprocess.surfaces.responses.body import ROLES, NamedFunction, ResponsesBody
 from services.preprocess.surfaces.responses.render import ResponseState, ResponseStream
 from services.preprocess.surfaces.responses.store import ResponseStore, StoredResponse
+from services.preprocess.tools import END, CallStream, Tool, ToolCall, constraint, field_renames
 
 SURFACE = "responses"
 PREFIX = "resp_"
@@ -49,13 +52,17 @@ class ResponsesApi:
 
     async def create(self, req: HttpRequest, runs: RunScope) -> AsyncIterator[Frame]:
         body = parse(ResponsesBody, req)
-        history = await self._history(body.previous_response_id)
-        conversation = history + [(ROLES[m.role], "".join(p.text for p in m.content)) for m in body.input]
+        history, called = await self._history(body.previous_response_id)
+        conversation = history + _turns(body, called)
         messages = [("system", body.instructions)] if body.instructions else []
+        tools = _tools(body)
+        constraint, renames = _constraint(body, tools)
         spec = RequestSpec(
             model=body.model,
             messages=tuple(ChatMessage(role, text) for role, text in messages + conversation),
-            sampling=fields.sampling_of(body, SURFACE),
+            tools=tools,
+            sampling=replace(fields.sampling_of(body, SURFACE), structured_output=constraint),
+            field_renames=renames,
             upload_bytes=len(req.body),
             surface=SURFACE,
         )
@@ -68,6 +75,13 @@ class ResponsesApi:
                 instructions=body.instructions, max_output_tokens=body.max_output_tokens,
                 temperature=body.temperature, top_p=body.top_p, store=body.store,
                 previous_response_id=body.previous_response_id, metadata=dict(body.metadata or {}),
+                tools=[t.model_dump(exclude_none=True) for t in body.tools or ()],
+                tool_choice=body.tool_choice.model_dump() if isinstance(body.tool_choice, NamedFunction)
+                else (body.tool_choice or ("auto" if body.tools else "none")),
+                parallel_tool_calls=bool(body.tools) and body.parallel_tool_calls is not False,
+                text_format=body.text.format.model_dump(by_alias=True, exclude_none=True)
+                if body.text is not None and body.text.format is not None else {"type": "text"},
+                parser=CallStream() if body.uses_tools else None,
             )
             ended = asyncio.Event()
             self._live[state.id] = (state, ended)
@@ -109,9 +123,10 @@ class ResponsesApi:
                     state.status = "cancelled"
                     asyncio.ensure_future(self._save(state, conversation))
 
-    async def _history(self, previous_id: str | None) -> list[tuple[str, str]]:
+    async def _history(self, previous_id: str | None) -> tuple[list[tuple[str, str]], set[str]]:
+        """The stored conversation, and the call ids its last response made."""
         if previous_id is None:
-            return []
+            return [], set()
         stored = await self.store.get(previous_id)
         if stored is None:
             err = errors.not_found("previous response not found (expired, deleted or stored with store: false)",
@@ -120,7 +135,9 @@ class ResponsesApi:
             raise err
         if stored.status not in ("completed", "incomplete"):
             raise errors.invalid_argument("previous_response_id", f"the previous response is {stored.status}")
-        return list(stored.conversation)
+        called = {item.get("call_id") for item in stored.response.get("output", ())
+                  if item.get("type") == "function_call"}
+        return list(stored.conversation), called
 
     async def _save(self, state: ResponseState, conversation: list[tuple[str, str]]) -> None:
         full = conversation + [("assistant", state.text)] if state.status != "in_progress" else conversation
@@ -162,3 +179,47 @@ class ResponsesApi:
             yield json_frame(state.object())
             return
         yield json_frame((await self._stored(response_id)).response)
+
+
+def _turns(body: ResponsesBody, called: set[str]) -> list[tuple[str, str]]:
+    """The input items as (role, text) turns. Calls are kept as the text the model writes
+    (tools.py), results as tool turns: the stored conversation stays plain pairs."""
+    turns: list[tuple[str, str]] = []
+    called = set(called)
+    for i, item in enumerate(body.input):
+        if item.type == "message":
+            turns.append((ROLES[item.role], "".join(p.text for p in item.content)))
+        elif item.type == "function_call":
+            called.add(item.call_id)
+            text = ToolCall(item.call_id, item.name, item.arguments).text()
+            if turns and turns[-1][0] == "assistant" and turns[-1][1].endswith(END):
+                turns[-1] = ("assistant", turns[-1][1] + "\n" + text)
+            else:
+                turns.append(("assistant", text))
+        else:
+            if item.call_id not in called:
+                raise errors.invalid_argument(f"input[{i}].call_id",
+                                              "matches no function_call before it (in input or the previous response)")
+            turns.append(("tool", item.output))
+    return turns
+
+
+def _tools(body: ResponsesBody) -> tuple[Tool, ...]:
+    if not body.uses_tools:
+        return ()
+    return tuple(Tool(t.name, t.description or "", t.parameters or {"type": "object", "properties": {}})
+                 for t in body.tools)
+
+
+def _constraint(body: ResponsesBody, tools: tuple[Tool, ...]):
+    if tools:
+        choice = body.tool_choice_name
+        return (constraint(tools, choice, body.parallel_tool_calls is not False),
+                field_renames(tools, choice, "tools", "parameters"))
+    fmt = body.text_format
+    if fmt is None:
+        return None, ()
+    renames = (("structured_output.json_schema", "text.format.schema"), ("structured_output", "text.format"))
+    if fmt.type == "json_object" or fmt.schema_ is None:
+        return StructuredOutput.any_json_object(), renames
+    return StructuredOutput.from_json_schema(fmt.schema_), renames
