@@ -22,7 +22,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from services.common import errors
-from services.generation.grammar.cache import LruCache
 from services.common.structured_output import (
     CHOICE,
     FIELD,
@@ -33,6 +32,7 @@ from services.common.structured_output import (
     TOOL_CALLS,
     StructuredOutput,
 )
+from services.generation.grammar.cache import LruCache
 from services.generation.grammar.json_schema import safe_json_grammar
 from services.generation.weights.vocabulary import Vocabulary
 
