@@ -411,19 +411,18 @@ class ConductorCollector:
 _TIMING_FIELDS = ("queue_ms", "prefill_ms", "time_to_first_token_ms", "decode_ms", "e2e_ms", "preempted_ms")
 
 
-def timing_dict(complete: Any) -> dict[str, float]:
-    """A RequestComplete's Timings as {field_ms: value}, e.g. for the OpenAI usage extension."""
-    t = complete.timings
-    return {f: round(getattr(t, f), 3) for f in _TIMING_FIELDS}
+def request_timings(done: Any) -> dict[str, float]:
+    """A domain Complete's engine timings (ms), e.g. for the OpenAI `usage.mstar_timings` extension."""
+    return {f: round(float(done.timings_ms.get(f, 0.0)), 3) for f in _TIMING_FIELDS}
 
 
-def timing_metadata(complete: Any) -> tuple[tuple[str, str], ...]:
-    """x-mstar-* metadata pairs for a finished request (queue, prefill, ttft, decode, e2e in ms;
-    prompt, cached and completion token counts)."""
+def timing_headers(done: Any) -> tuple[tuple[str, str], ...]:
+    """x-mstar-* response headers of a domain Complete (queue, prefill, ttft, decode, e2e in ms;
+    prompt, cached and completion token counts); sent as gRPC initial metadata, which Envoy
+    passes on as HTTP headers."""
     pairs = [("x-mstar-" + f.removesuffix("_ms").replace("_", "-") + "-ms", f"{v:.3f}")
-             for f, v in timing_dict(complete).items()]
-    u = complete.usage
-    pairs += [("x-mstar-prompt-tokens", str(u.prompt_tokens)),
-              ("x-mstar-cached-prompt-tokens", str(u.cached_prompt_tokens)),
-              ("x-mstar-completion-tokens", str(u.completion_tokens))]
+             for f, v in request_timings(done).items()]
+    pairs += [("x-mstar-prompt-tokens", str(done.prompt_tokens)),
+              ("x-mstar-cached-prompt-tokens", str(done.cached_prompt_tokens)),
+              ("x-mstar-completion-tokens", str(done.completion_tokens))]
     return tuple(pairs)

@@ -45,7 +45,7 @@ from mstar.generation.v1 import generation_service_pb2_grpc as gen_grpc
 from mstar.v1 import messages_pb2 as pb
 
 from services.common import tracing
-from services.common.errors import Code, MstarError, from_code, unavailable
+from services.common.errors import Code, FieldViolation, MstarError, from_code, unavailable
 from services.common.server import channel_options
 from services.preprocess.request import Sampling, TokenLogprobs
 from services.preprocess.wire import sampling_pb
@@ -388,7 +388,10 @@ class GenerationBackend:
                 if request is not None:
                     code = from_code(failed.code)  # an unset code is INTERNAL, never OK
                     reason = failed.reason or code.name
-                    error = MstarError(code, reason, failed.message or reason)
+                    about = failed.message.removeprefix(f"{failed.field}: ")
+                    violations = [FieldViolation(failed.field, about)] if failed.field else []
+                    error = MstarError(code, reason, failed.message or reason, violations,
+                                       metadata={"field": failed.field} if failed.field else {})
                     if code == Code.UNAVAILABLE:  # draining or failed engine: retryable elsewhere
                         request.lost(error)
                     else:

@@ -1,4 +1,4 @@
-"""Run n requests (one per OpenAI choice) and merge their event streams.
+"""Merge the event streams of n requests (one per OpenAI choice).
 
 Every inner stream is closed (aclose) when the merged stream ends for any reason — including the
 client disconnecting, which reaches us as GeneratorExit/CancelledError at a `yield` — so each
@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
-
-Run = Callable[[Any, Any], AsyncIterator[Any]]
 
 
 async def _close(stream: AsyncIterator[Any]) -> None:
@@ -22,10 +20,10 @@ async def _close(stream: AsyncIterator[Any]) -> None:
             await aclose()
 
 
-async def merged(run: Run, inputs: list[Any], context: Any) -> AsyncIterator[tuple[int, Any]]:
-    """Yield (choice index, event) from run(input, context) for every input, interleaved."""
-    if len(inputs) == 1:
-        stream = run(inputs[0], context)
+async def merged(streams: list[AsyncIterator[Any]]) -> AsyncIterator[tuple[int, Any]]:
+    """Yield (choice index, event) from every stream, interleaved."""
+    if len(streams) == 1:
+        stream = streams[0]
         try:
             async for event in stream:
                 yield 0, event
@@ -36,8 +34,7 @@ async def merged(run: Run, inputs: list[Any], context: Any) -> AsyncIterator[tup
     queue: asyncio.Queue[tuple[int, Any, BaseException | None]] = asyncio.Queue()
     finished = object()
 
-    async def pump(index: int, item: Any) -> None:
-        stream = run(item, context)
+    async def pump(index: int, stream: AsyncIterator[Any]) -> None:
         try:
             async for event in stream:
                 await queue.put((index, event, None))
@@ -49,7 +46,7 @@ async def merged(run: Run, inputs: list[Any], context: Any) -> AsyncIterator[tup
         finally:
             await _close(stream)
 
-    tasks = [asyncio.create_task(pump(i, item)) for i, item in enumerate(inputs)]
+    tasks = [asyncio.create_task(pump(i, stream)) for i, stream in enumerate(streams)]
     try:
         remaining = len(tasks)
         while remaining:

@@ -8,16 +8,17 @@ stream started is an in-band `data: {"error": {...}}` frame, then `[DONE]`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-DONE = b"data: [DONE]\n\n"
-KEEP_ALIVE = b": keep-alive\n\n"
-SSE_CONTENT_TYPE = "text/event-stream"
-JSON_CONTENT_TYPE = "application/json"
+from services.common.errors import MstarError
+from services.preprocess.finish import FinishReason
+from services.preprocess.surfaces.http import SSE, Frame, sse
+from services.preprocess.tools import ToolCall
 
-# HTTP status → OpenAI error `type`. deploy/envoy/openai_errors.lua holds the same table (the Lua
+DONE = Frame(b"data: [DONE]\n\n", SSE)
+
+# HTTP status → OpenAI error `type`. deploy/envoy/api_errors.lua holds the same table (the Lua
 # filter reshapes errors that end the call before the first byte); a unit test keeps them equal.
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -39,37 +40,33 @@ def error_type(http_status: int) -> str:
     return ERROR_TYPES.get(http_status, "server_error" if http_status >= 500 else "invalid_request_error")
 
 
-def error_object(message: str, http_status: int, code: str | None, param: str | None = None) -> dict:
-    """OpenAI's error shape; `code` is mstar's ErrorInfo reason in lower case."""
+def error_object(err: MstarError) -> dict:
+    """OpenAI's error shape; `code` is mstar's ErrorInfo reason in lower case, `param` the field."""
     return {
         "error": {
-            "message": message,
-            "type": error_type(http_status),
-            "code": code.lower() if code else None,
-            "param": param,
+            "message": err.message,
+            "type": error_type(err.http_status),
+            "code": err.reason.lower() if err.reason else None,
+            "param": err.field_violations[0].field if err.field_violations else None,
         }
     }
 
 
-def dumps(obj: dict) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+def error_frames(err: MstarError) -> list[Frame]:
+    """A failure after the stream started: an in-band error chunk, then [DONE]."""
+    return [sse(error_object(err)), DONE]
 
 
-def sse(obj: dict) -> bytes:
-    return b"data: " + dumps(obj) + b"\n\n"
-
-
-# mstar.v1.FinishReason -> OpenAI's finish_reason, which clients parse as an enum of "stop",
-# "length", "content_filter", "tool_calls" (and legacy "function_call"): no other value may appear.
-# A request stopped before its natural end (FINISH_REASON_CANCELLED: a Cancel by id, the end of a
-# drain) is "stop": generation stopped before max_tokens, which is what "stop" means to a client.
-# FINISH_REASON_ERROR never reaches a renderer: a failed request is an error object (docs/http.md).
-FINISH_REASONS = {1: "stop", 2: "length", 3: "stop"}
-OPENAI_FINISH_REASONS = frozenset({"stop", "length", "content_filter", "tool_calls", "function_call"})
-
-
-def finish_reason(value: int) -> str:
-    return FINISH_REASONS.get(value, "stop")
+# OpenAI's finish_reason, which clients parse as an enum of "stop", "length", "content_filter",
+# "tool_calls" (and legacy "function_call"): no other value may appear. A request stopped before
+# its natural end (a Cancel by id, the end of a drain) is "stop": generation stopped before
+# max_tokens, which is what "stop" means to a client. A failed request is an error object instead.
+FINISH_REASONS = {
+    FinishReason.END: "stop",
+    FinishReason.STOP_STRING: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.CANCELLED: "stop",
+}
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
@@ -94,14 +91,13 @@ TokenText = Callable[[int], str]
 TokenBytes = Callable[[int], bytes]
 
 
-def chat_logprobs(entries: list[TokenLogprob], text: TokenText, token_bytes: TokenBytes | None = None) -> dict:
-    """`bytes` are the token's own bytes (`token_bytes`): a token holding part of a UTF-8 character
-    (byte-fallback tokens, a cut emoji) has no text of its own, and its `token` shows U+FFFD, but
-    its `bytes` are what the client concatenates to rebuild the text, as OpenAI documents."""
+def chat_logprobs(entries: list[TokenLogprob], text: TokenText, token_bytes: TokenBytes) -> dict:
+    """`bytes` are the token's own bytes: a token holding part of a UTF-8 character (byte-fallback
+    tokens, a cut emoji) has no text of its own, and its `token` shows U+FFFD, but its `bytes` are
+    what the client concatenates to rebuild the text, as OpenAI documents."""
+
     def item(token_id: int, logprob: float) -> dict:
-        token = text(token_id)
-        raw = token_bytes(token_id) if token_bytes is not None else token.encode("utf-8")
-        return {"token": token, "logprob": logprob, "bytes": list(raw)}
+        return {"token": text(token_id), "logprob": logprob, "bytes": list(token_bytes(token_id))}
 
     return {
         "content": [
@@ -122,6 +118,10 @@ def completion_logprobs(entries: list[TokenLogprob], text: TokenText, text_offse
         "top_logprobs": [{text(t): lp for t, lp in e.top} for e in entries],
         "text_offset": offsets,
     }
+
+
+def tool_call_object(call: ToolCall) -> dict:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
 @dataclass
@@ -163,12 +163,23 @@ class Envelope:
             return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
-    def final_choice(self, index: int, text: str, finish: str, logprobs: dict | None) -> dict:
+    def tool_call_deltas(self, index: int, call_index: int, call: ToolCall, first: bool) -> list[dict]:
+        """One call as two streamed fragments: id, type and name, then the arguments."""
+        head = {"index": call_index, "id": call.id, "type": "function",
+                "function": {"name": call.name, "arguments": ""}}
+        opening = {"role": "assistant", "content": None} if first else {}
+        return [
+            {"index": index, "delta": {**opening, "tool_calls": [head]}, "logprobs": None, "finish_reason": None},
+            {"index": index, "delta": {"tool_calls": [{"index": call_index, "function": {"arguments": call.arguments}}]},
+             "logprobs": None, "finish_reason": None},
+        ]
+
+    def final_choice(self, index: int, text: str, finish: str, logprobs: dict | None,
+                     calls: tuple[ToolCall, ...] = ()) -> dict:
         if self.chat:
-            return {
-                "index": index,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": finish,
-            }
+            message: dict = {"role": "assistant", "content": text}
+            if calls:
+                message["content"] = text if text.strip() else None
+                message["tool_calls"] = [tool_call_object(c) for c in calls]
+            return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
