@@ -18,13 +18,8 @@ from dataclasses import dataclass, replace
 from services.common.errors import Code, MstarError, failed_precondition, renamed
 from services.preprocess import limits as caps
 from services.preprocess.admission import Admission, Ticket
-from services.preprocess.backend import (
-    BackendFailed,
-    BackendFinished,
-    BackendRequest,
-    Heartbeat,
-    TokenStep,
-)
+from services.preprocess.backend import BackendRequest
+from services.preprocess.backend_events import BackendFailed, BackendFinished, Heartbeat, TokenStep
 from services.preprocess.detokenizer import Detokenizer
 from services.preprocess.input_names import input_names
 from services.preprocess.limits import Limits

@@ -132,7 +132,7 @@ class GrammarCompiler:
             return compiler.compile_regex(c.regex)
         elif c.kind == GRAMMAR:
             return compiler.compile_grammar(c.grammar)
-        else:  # CHOICE: EBNF string literals take JSON's escapes (quotes, backslashes, \n, \uXXXX)
+        else:  # CHOICE: EBNF string literals take JSON's escapes (quotes, backslashes, newlines, unicode escapes)
             return compiler.compile_grammar("root ::= " + " | ".join(json.dumps(s) for s in c.choices))
         return compiler.compile_grammar(safe_json_grammar(grammar))
 

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 from mstar.generation.v1 import generation_service_pb2
 from prometheus_client import generate_latest
 
+from services.common.conductor_collector import conductor_metric_name
 from services.common.logs import JsonFormatter
 from services.common.metrics import (
     GenerationMetrics,
     PreprocessMetrics,
     RequestClock,
-    conductor_metric_name,
     request_timings,
     start_metrics_server,
     timing_headers,

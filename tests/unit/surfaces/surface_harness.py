@@ -13,14 +13,8 @@ from pathlib import Path
 from services.common.errors import Code, MstarError
 from services.common.serving import ServingState
 from services.preprocess.admission import Admission, AdmissionLimits
-from services.preprocess.backend import (
-    BackendFailed,
-    BackendFinished,
-    BackendRequest,
-    GenerationBackend,
-    TokenStep,
-    engine_kwargs,
-)
+from services.preprocess.backend import BackendRequest, GenerationBackend, engine_kwargs
+from services.preprocess.backend_events import BackendFailed, BackendFinished, TokenStep
 from services.preprocess.limits import Limits
 from services.preprocess.media import FileReader
 from services.preprocess.request import TokenLogprobs
