@@ -33,9 +33,9 @@ import time
 import torch
 
 from bench.engine import machine, prompts
+from services.common.structured_output import StructuredOutput
 from services.generation.engine import Engine, EngineConfig
 from services.generation.grammar.bitmask import apply_bitmask, apply_bitmask_by_table
-from services.generation.grammar.constraint import StructuredOutput
 from services.generation.model_runner import ModelRunner, RunnerConfig
 from services.generation.sampling_params import SamplingParams
 

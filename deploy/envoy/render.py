@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 TEMPLATE = HERE / "envoy.yaml.tmpl"
-LUA = HERE / "openai_errors.lua"
+LUA = HERE / "api_errors.lua"
 HYGIENE_LUA = HERE / "request_hygiene.lua"
 DEFAULT_DESCRIPTOR = ROOT / "gen" / "descriptor.pb"
 
@@ -227,6 +227,13 @@ def lb_endpoints(settings: EnvoySettings) -> list[dict]:
             for port in ports]
 
 
+def lua_source(shape: str) -> str:
+    """api_errors.lua for one API's error shape ("openai" or "anthropic")."""
+    source = LUA.read_text(encoding="utf-8")
+    assert 'local SHAPE = "openai"' in source
+    return source.replace('local SHAPE = "openai"', f'local SHAPE = "{shape}"')
+
+
 def render(settings: EnvoySettings) -> str:
     if settings.codec_max_request_headers_kb < max(settings.max_request_headers_kb, 64):
         raise ValueError("codec_max_request_headers_kb must be >= max_request_headers_kb and >= 64")
@@ -239,8 +246,10 @@ def render(settings: EnvoySettings) -> str:
     values["tracing"], values["otlp_cluster"] = tracing(settings)
     # JSON is valid YAML flow syntax, so generated blocks drop into the template as one line.
     values["local_reply_config"] = json.dumps(local_reply_config())
-    # A JSON string literal is a valid YAML double-quoted scalar: embeds the Lua source verbatim.
-    values["openai_errors_lua"] = json.dumps(LUA.read_text(encoding="utf-8"))
+    # A JSON string literal is a valid YAML double-quoted scalar: embeds the Lua source verbatim,
+    # once per API error shape.
+    for shape in ("openai", "anthropic"):
+        values[f"{shape}_errors_lua"] = json.dumps(lua_source(shape))
     return string.Template(TEMPLATE.read_text(encoding="utf-8")).substitute(values)
 
 

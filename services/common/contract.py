@@ -218,3 +218,12 @@ def _bounds_of(rules: validate_pb2.FieldRules) -> Bounds:
     if kind == "map":
         return Bounds(max_items=rules.map.max_pairs if rules.map.HasField("max_pairs") else None)
     return Bounds()
+
+
+def declared(message: str, field_name: str) -> Bounds:
+    """`bounds` by the message's full name ("mstar.v1.PreprocessInput"), for code that reads the
+    contract's numbers without handling generated types (the HTTP surfaces' body models)."""
+    import mstar.v1.inference_service_pb2  # noqa: F401 - registers every mstar.v1 message
+    from google.protobuf import descriptor_pool
+
+    return bounds(descriptor_pool.Default().FindMessageTypeByName(message), field_name)

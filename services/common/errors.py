@@ -139,6 +139,25 @@ class MstarError(Exception):
         return HTTP_STATUS.get(self.code, 500)
 
 
+def renamed(err: MstarError, renames: tuple[tuple[str, str], ...]) -> MstarError:
+    """`err` with its field path renamed by the first (prefix, public name) pair that matches it
+    (the engine's `structured_output.json_schema` -> OpenAI's `response_format.json_schema.schema`),
+    in the violations, the metadata and the message's leading field. Unchanged if none matches."""
+    if not err.field_violations or not renames:
+        return err
+    old = err.field_violations[0].field
+    for prefix, public in renames:
+        if old == prefix or old.startswith(prefix + ".") or old.startswith(prefix + "["):
+            new = public + old[len(prefix):]
+            break
+    else:
+        return err
+    message = new + err.message[len(old):] if err.message.startswith(old) else err.message
+    violations = [FieldViolation(new, v.description) if v.field == old else v for v in err.field_violations]
+    metadata = {**err.metadata, "field": new} if "field" in err.metadata else err.metadata
+    return MstarError(err.code, err.reason, message, violations, err.retry_after_s, metadata)
+
+
 # ---- constructors for the common cases (keep call sites short and reasons consistent)
 
 

@@ -15,15 +15,15 @@ request ids (those go to the JSON log line written at completion).
 from __future__ import annotations
 
 import logging
-import re
-import threading
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily
+
+from services.common.conductor_collector import ConductorCollector
 
 # Latency buckets (seconds) sized for a CPU box: a 135M model's decode step is 10-150 ms and a
 # long prefill or a deep queue reaches tens of seconds.
@@ -350,80 +350,23 @@ class _AdmissionCollector:
             yield GaugeMetricFamily("mstar_preprocess_admission_" + key, doc, value=snapshot[key])
 
 
-_INVALID = re.compile(r"[^a-zA-Z0-9_]")
-
-
-def conductor_metric_name(name: str) -> str:
-    """Prometheus name for a ConductorStatus snapshot (`kv_blocks_used` -> mstar_conductor_kv_blocks_used)."""
-    name = _INVALID.sub("_", name)
-    return "mstar_conductor_" + (name[:-6] if name.endswith("_total") else name)
-
-
-class ConductorCollector:
-    """Keeps the latest ConductorStatus of every generation replica and renders them at scrape
-    time, each series labelled with its `replica` (host:port). A custom collector because snapshot
-    names are the engine's to choose: nothing here must be declared up front."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._latest: dict[str, tuple[list[tuple[str, bool, float]], float]] = {}
-
-    def update(self, status: Any, replica: str = "") -> None:
-        from mstar.generation.v1 import generation_service_pb2
-
-        rows = [
-            (conductor_metric_name(m.name), m.kind == generation_service_pb2.METRIC_KIND_COUNTER, m.value)
-            for m in status.metrics
-        ]
-        stamp = status.time.seconds + status.time.nanos / 1e9 if status.HasField("time") else time.time()
-        with self._lock:
-            self._latest[replica] = (rows, stamp)
-
-    def forget(self, replica: str) -> None:
-        """The replica left: its series disappear (bounded cardinality as pods come and go)."""
-        with self._lock:
-            self._latest.pop(replica, None)
-
-    def describe(self) -> Iterable:
-        return []  # unchecked collector: names appear with the first snapshot
-
-    def collect(self) -> Iterable:
-        with self._lock:
-            latest = dict(self._latest)
-        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
-        stamps = GaugeMetricFamily("mstar_conductor_status_time_seconds",
-                                   "Unix time of the latest ConductorStatus snapshot.", labels=["replica"])
-        for replica, (rows, stamp) in sorted(latest.items()):
-            stamps.add_metric([replica], stamp)
-            for name, counter, value in rows:
-                if name not in families:
-                    cls = CounterMetricFamily if counter else GaugeMetricFamily
-                    families[name] = cls(name, "Pushed by the generation service in ConductorStatus.",
-                                         labels=["replica"])
-                families[name].add_metric([replica], value)
-        if latest:
-            yield stamps
-        yield from families.values()
-
-
 # Per-request breakdown for the HTTP surfaces: response headers on unary calls (sent as gRPC
 # initial metadata, which Envoy turns into headers) and the OpenAI `usage` extension.
 _TIMING_FIELDS = ("queue_ms", "prefill_ms", "time_to_first_token_ms", "decode_ms", "e2e_ms", "preempted_ms")
 
 
-def timing_dict(complete: Any) -> dict[str, float]:
-    """A RequestComplete's Timings as {field_ms: value}, e.g. for the OpenAI usage extension."""
-    t = complete.timings
-    return {f: round(getattr(t, f), 3) for f in _TIMING_FIELDS}
+def request_timings(done: Any) -> dict[str, float]:
+    """A domain Complete's engine timings (ms), e.g. for the OpenAI `usage.mstar_timings` extension."""
+    return {f: round(float(done.timings_ms.get(f, 0.0)), 3) for f in _TIMING_FIELDS}
 
 
-def timing_metadata(complete: Any) -> tuple[tuple[str, str], ...]:
-    """x-mstar-* metadata pairs for a finished request (queue, prefill, ttft, decode, e2e in ms;
-    prompt, cached and completion token counts)."""
+def timing_headers(done: Any) -> tuple[tuple[str, str], ...]:
+    """x-mstar-* response headers of a domain Complete (queue, prefill, ttft, decode, e2e in ms;
+    prompt, cached and completion token counts); sent as gRPC initial metadata, which Envoy
+    passes on as HTTP headers."""
     pairs = [("x-mstar-" + f.removesuffix("_ms").replace("_", "-") + "-ms", f"{v:.3f}")
-             for f, v in timing_dict(complete).items()]
-    u = complete.usage
-    pairs += [("x-mstar-prompt-tokens", str(u.prompt_tokens)),
-              ("x-mstar-cached-prompt-tokens", str(u.cached_prompt_tokens)),
-              ("x-mstar-completion-tokens", str(u.completion_tokens))]
+             for f, v in request_timings(done).items()]
+    pairs += [("x-mstar-prompt-tokens", str(done.prompt_tokens)),
+              ("x-mstar-cached-prompt-tokens", str(done.cached_prompt_tokens)),
+              ("x-mstar-completion-tokens", str(done.completion_tokens))]
     return tuple(pairs)

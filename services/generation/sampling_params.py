@@ -1,7 +1,10 @@
 """Per-request sampling parameters and their validation (plain Python: no torch, no grpc).
 
-Validation lives here, next to the fields, so the servicer and the engine agree on what is
-"impossible": a bad value fails only its own request with INVALID_ARGUMENT, naming the field.
+Defaults and bounds are the rows of the one sampling field table (services/common/sampling_fields.py,
+bounds read from the contract's declared rules), so the engine, preprocess and every HTTP surface
+agree on what is "impossible": a bad value fails only its own request with INVALID_ARGUMENT,
+naming the field. The servicer already enforced the declared bounds on the wire message; this is
+the engine's own guard (and the vocabulary, which only the model knows).
 """
 
 from __future__ import annotations
@@ -9,26 +12,29 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from services.generation.grammar.constraint import StructuredOutput
+from services.common.sampling_fields import FIELDS
+from services.common.structured_output import StructuredOutput
 
-MAX_LOGPROBS = 20  # top-n alternatives per token; bounded so a request cannot ask for a [V] list
+
+def _default(name: str):
+    return FIELDS[name].default
 
 
 @dataclass
 class SamplingParams:
-    temperature: float = 1.0  # 0 = greedy
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
-    min_p: float = 0.0  # 0 = off
-    repetition_penalty: float = 1.0  # CTRL-style, on prompt + output tokens; 1 = off
-    frequency_penalty: float = 0.0  # per occurrence in the output; 0 = off
-    presence_penalty: float = 0.0  # once if present in the output; 0 = off
-    seed: int | None = None  # None = the engine draws one
-    max_tokens: int | None = None  # None = what fits in the context
+    temperature: float = _default("temperature")  # 0 = greedy
+    top_k: int = _default("top_k")  # 0 = off
+    top_p: float = _default("top_p")  # 1 = off
+    min_p: float = _default("min_p")  # 0 = off
+    repetition_penalty: float = _default("repetition_penalty")  # CTRL-style, prompt + output; 1 = off
+    frequency_penalty: float = _default("frequency_penalty")  # per occurrence in the output; 0 = off
+    presence_penalty: float = _default("presence_penalty")  # once if present in the output; 0 = off
+    seed: int | None = _default("seed")  # None = the engine draws one
+    max_tokens: int | None = _default("max_tokens")  # None = what fits in the context
     stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    logprobs: int | None = None  # None = no logprobs; n = the sampled token's logprob + top n
-    # None = free text; else the output must match this grammar (grammar/constraint.py). It is
+    ignore_eos: bool = _default("ignore_eos")
+    logprobs: int | None = _default("logprobs")  # None = no logprobs; n = the sampled token's logprob + top n
+    # None = free text; else the output must match this grammar (common/structured_output.py). It is
     # checked by the engine (validate_structured_output), which names the offending part.
     structured_output: StructuredOutput | None = None
 
@@ -37,38 +43,27 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
 
+_CHECKED = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
+            "presence_penalty", "seed", "max_tokens", "logprobs")
+
+
 def _is_number(x) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def validate_sampling_params(p: SamplingParams, vocab_size: int) -> str | None:
     """Return an error message naming the first bad field, or None when every value is possible."""
-    checks = [
-        ("temperature", _is_number(p.temperature) and 0.0 <= p.temperature <= 2.0, "must be in [0, 2]"),
-        ("top_p", _is_number(p.top_p) and 0.0 < p.top_p <= 1.0, "must be in (0, 1]"),
-        ("top_k", isinstance(p.top_k, int) and 0 <= p.top_k <= vocab_size, f"must be in [0, {vocab_size}]"),
-        ("min_p", _is_number(p.min_p) and 0.0 <= p.min_p <= 1.0, "must be in [0, 1]"),
-        (
-            "repetition_penalty",
-            _is_number(p.repetition_penalty) and 0.0 < p.repetition_penalty <= 2.0,
-            "must be in (0, 2]",
-        ),
-        ("frequency_penalty", _is_number(p.frequency_penalty) and -2.0 <= p.frequency_penalty <= 2.0, "must be in [-2, 2]"),
-        ("presence_penalty", _is_number(p.presence_penalty) and -2.0 <= p.presence_penalty <= 2.0, "must be in [-2, 2]"),
-        ("seed", p.seed is None or (isinstance(p.seed, int) and -(2**63) <= p.seed < 2**63), "must fit in int64"),
-        ("max_tokens", p.max_tokens is None or (isinstance(p.max_tokens, int) and p.max_tokens >= 1), "must be >= 1"),
-        (
-            "logprobs",
-            p.logprobs is None or (isinstance(p.logprobs, int) and 0 <= p.logprobs <= MAX_LOGPROBS),
-            f"must be in [0, {MAX_LOGPROBS}]",
-        ),
-        (
-            "stop_token_ids",
-            all(isinstance(t, int) and 0 <= t < vocab_size for t in p.stop_token_ids),
-            f"must be token ids in [0, {vocab_size})",
-        ),
-    ]
-    for name, ok, rule in checks:
+    for name in _CHECKED:
+        value, f = getattr(p, name), FIELDS[name]
+        if value is None and f.default is None:
+            continue
+        ok = _is_number(value) and (f.kind is float or isinstance(value, int)) and f.bounds.contains(value)
+        if ok and f.int_range is not None:
+            ok = f.int_range[0] <= value <= f.int_range[1]
         if not ok:
-            return f"sampling.{name} {rule}, got {getattr(p, name)!r}"
+            return f"sampling.{name} must be in {f.bounds.describe()}, got {value!r}"
+    if not p.top_k <= vocab_size:
+        return f"sampling.top_k must be in [0, {vocab_size}], got {p.top_k!r}"
+    if not all(isinstance(t, int) and 0 <= t < vocab_size for t in p.stop_token_ids):
+        return f"sampling.stop_token_ids must be token ids in [0, {vocab_size})"
     return None

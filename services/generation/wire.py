@@ -9,6 +9,7 @@ from mstar.generation.v1 import generation_service_pb2 as gen_pb2
 from mstar.v1 import messages_pb2 as pb
 
 from services.common import errors
+from services.common.structured_output_wire import structured_output_of
 from services.generation.outputs import (
     FINISH_CANCELLED,
     FINISH_LENGTH,
@@ -52,6 +53,8 @@ def sampling_params_of(kwargs: pb.ModelKwargs) -> SamplingParams:
                  "presence_penalty", "seed", "max_tokens", "logprobs"):
         if s.HasField(name):
             setattr(p, name, getattr(s, name))
+    if s.HasField("structured_output"):
+        p.structured_output = structured_output_of(s.structured_output)
     return p
 
 
@@ -128,6 +131,7 @@ def request_failed(request_id: str, error: errors.MstarError) -> gen_pb2.ServerF
     return gen_pb2.ServerFrame(request_failed=pb.RequestFailed(
         request_id=request_id, message=error.message, code=int(error.code),
         http_status=error.http_status, reason=error.reason,
+        field=error.field_violations[0].field if error.field_violations else "",
     ))
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from mstar.v1 import inference_service_pb2_grpc as api_grpc
 
 from services.common import tracing
+from services.common.data_dir import default_data_dir
 from services.common.logs import setup_logging
 from services.common.metrics import PreprocessMetrics, start_metrics_server
 from services.common.server import GrpcServer
@@ -31,6 +32,7 @@ from services.preprocess.request_run import Deps
 from services.preprocess.resolver import Resolver, address
 from services.preprocess.routing import RoutingConfig
 from services.preprocess.servicer import InferenceServicer
+from services.preprocess.surfaces.responses.store import ResponseStore
 
 log = logging.getLogger("services.preprocess")
 
@@ -91,6 +93,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--drain-accept-s", type=float, default=2.0,
                    help="after SIGTERM, keep taking new requests this long (health already NOT_SERVING) so a "
                         "load balancer stops sending before they are refused; Envoy needs 2 health checks")
+    p.add_argument("--data-dir", type=Path, default=default_data_dir(),
+                   help="where state lives (env MSTAR_DATA_DIR, else ~/.local/share/mstar)")
+    p.add_argument("--responses-db", type=Path, default=None,
+                   help="SQLite file of stored /v1/responses (default: <data-dir>/responses.sqlite3); replicas "
+                        "on one host share it, so a stored response is found whichever replica Envoy picks")
+    p.add_argument("--responses-ttl-s", type=float, default=30 * 24 * 3600.0, help="stored responses expire")
+    p.add_argument("--responses-max-bytes", type=int, default=256 * 1024 * 1024,
+                   help="stored responses beyond this size: the oldest go first")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0 = any); off if unset")
     p.add_argument("--otlp-endpoint", default=None,
                    help="export OpenTelemetry spans (OTLP/gRPC) here; default OTEL_EXPORTER_OTLP_ENDPOINT, else none")
@@ -135,7 +145,10 @@ async def serve(args: argparse.Namespace) -> None:
         input_idle_s=args.input_idle_s,
         input_lifetime_s=args.input_lifetime_s,
     )
-    servicer = InferenceServicer(deps, server.state, metrics)
+    store = ResponseStore(args.responses_db or args.data_dir / "responses.sqlite3", args.responses_ttl_s,
+                          args.responses_max_bytes)
+    await store.open()  # a bad path fails at startup, not at the first request
+    servicer = InferenceServicer(deps, server.state, metrics, store)
     server.add(api_grpc.add_InferenceServiceServicer_to_server, servicer, "mstar.v1.InferenceService")
     port = await server.start()
     servicer.peers = Peers(Resolver(args.peers) if args.peers else None, args.advertise or advertised(args.host, port),
@@ -151,6 +164,7 @@ async def serve(args: argparse.Namespace) -> None:
         await servicer.drain(grace_s, args.drain_accept_s)
         await pool.close()
         await servicer.peers.close()
+        await store.close()
 
     await server.wait_for_shutdown(args.grace_s, on_drain=on_drain)
     tracing.shutdown()

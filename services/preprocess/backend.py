@@ -37,7 +37,7 @@ import json
 import logging
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -46,47 +46,20 @@ from mstar.generation.v1 import generation_service_pb2_grpc as gen_grpc
 from mstar.v1 import messages_pb2 as pb
 
 from services.common import tracing
-from services.common.errors import Code, MstarError, from_code, unavailable
+from services.common.errors import Code, FieldViolation, MstarError, from_code, unavailable
 from services.common.server import channel_options
+from services.preprocess.backend_events import (
+    BackendEvent,
+    BackendFailed,
+    BackendFinished,
+    Heartbeat,
+    TokenStep,
+    finished_event,
+)
 from services.preprocess.request import Sampling, TokenLogprobs
 from services.preprocess.wire import sampling_pb
 
 log = logging.getLogger(__name__)
-
-_FINISH = {
-    pb.FINISH_REASON_STOP: "stop",
-    pb.FINISH_REASON_LENGTH: "length",
-    pb.FINISH_REASON_CANCELLED: "cancelled",
-}
-
-
-@dataclass(frozen=True)
-class TokenStep:
-    token_id: int
-    logprobs: TokenLogprobs | None = None
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    """The engine is alive and still working on this request (long prefill)."""
-
-
-@dataclass(frozen=True)
-class BackendFinished:
-    finish_reason: str
-    cached_prompt_tokens: int = 0
-    completion_tokens: int = 0
-    timings_ms: dict[str, float] = field(default_factory=dict)
-    conductor_times: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class BackendFailed:
-    error: MstarError
-
-
-BackendEvent = TokenStep | Heartbeat | BackendFinished | BackendFailed
-
 
 class BackendRequest:
     """One request's handle on the generation side: its event queue, append and abort.
@@ -383,7 +356,7 @@ class GenerationBackend:
                 done = frame.request_complete
                 request = self._requests.pop(done.request_id, None)
                 if request is not None:
-                    request.deliver(_finished(done))
+                    request.deliver(finished_event(done))
             elif kind == "conductor_status":
                 if self._on_status is not None:
                     self._on_status(frame.conductor_status)
@@ -393,7 +366,10 @@ class GenerationBackend:
                 if request is not None:
                     code = from_code(failed.code)  # an unset code is INTERNAL, never OK
                     reason = failed.reason or code.name
-                    error = MstarError(code, reason, failed.message or reason)
+                    about = failed.message.removeprefix(f"{failed.field}: ")
+                    violations = [FieldViolation(failed.field, about)] if failed.field else []
+                    error = MstarError(code, reason, failed.message or reason, violations,
+                                       metadata={"field": failed.field} if failed.field else {})
                     if code == Code.UNAVAILABLE:  # draining or failed engine: retryable elsewhere
                         request.lost(error)
                     else:
@@ -419,13 +395,18 @@ NUMERICS_KEY = "mstar-numerics"  # the generation servicer's initial metadata (s
 
 
 def _numerics(metadata) -> dict:
+    """The metadata's JSON as exactly Model.numerics' fields and types ({} if absent or malformed):
+    both ListModels (protobuf) and GET /v1/models (JSON as built) report it as is."""
     for key, value in metadata or ():
         if key == NUMERICS_KEY:
             try:
                 parsed = json.loads(value)
             except ValueError:
                 return {}
-            return parsed if isinstance(parsed, dict) else {}
+            if not isinstance(parsed, dict):
+                return {}
+            text = {name: str(parsed.get(name, "")) for name in ("device", "weights", "activations", "kernels")}
+            return {**text, "compiled_decode": bool(parsed.get("compiled_decode", False))}
     return {}
 
 
@@ -459,27 +440,3 @@ def engine_kwargs(s: Sampling, max_tokens: int) -> pb.ModelKwargs:
     above this layer)."""
     engine_side = replace(s, stop=(), include_stop=False, max_tokens=max_tokens, n=1)
     return pb.ModelKwargs(sampling=sampling_pb(engine_side))
-
-
-def _finished(done: pb.RequestComplete) -> BackendFinished:
-    t = done.timings
-    timings = {
-        "queue_ms": t.queue_ms,
-        "prefill_ms": t.prefill_ms,
-        "time_to_first_token_ms": t.time_to_first_token_ms,
-        "decode_ms": t.decode_ms,
-        "e2e_ms": t.e2e_ms,
-        "preempted_ms": t.preempted_ms,
-    }
-    times = {
-        name: getattr(done, name).ToMicroseconds() / 1e6
-        for name in ("conductor_arrival_time", "conductor_ingest_time", "conductor_finish_time")
-        if done.HasField(name)
-    }
-    return BackendFinished(
-        finish_reason=_FINISH.get(done.finish_reason, "stop"),
-        cached_prompt_tokens=done.usage.cached_prompt_tokens,
-        completion_tokens=done.usage.completion_tokens,
-        timings_ms=timings,
-        conductor_times=times,
-    )

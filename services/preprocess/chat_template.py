@@ -3,6 +3,10 @@
 loop controls, a non-HTML-escaping `tojson`, `raise_exception`, `strftime_now`, and the special
 tokens passed as variables. Templates come from model files, so they are untrusted code: the
 sandbox is what keeps them from reaching Python internals.
+
+Tools: a template that mentions `tools` gets them (OpenAI's shape), assistant messages with
+`tool_calls` and `tool` messages as Hugging Face passes them; any other template gets the
+documented text fallback of services/preprocess/tools.py in plain system/user/assistant turns.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from services.preprocess import tools as toolfmt
 from services.preprocess.tokenizer import SpecialTokens
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 # Marks where streamed (appended) text goes inside the rendered conversation; chosen so no
 # template would produce or alter it.
 _SENTINEL = "\u2063mstar-streamed-input\u2063"
@@ -31,6 +36,39 @@ class ChatTemplateError(ValueError):
 class ChatMessage:
     role: str
     content: str
+    tool_calls: tuple[toolfmt.ToolCall, ...] = ()  # an assistant's calls
+    tool_call_id: str = ""  # a tool message: the call it answers
+
+    def as_hf(self) -> dict:
+        """The message as Hugging Face templates read it (arguments as an object)."""
+        out: dict = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+                                 for c in self.tool_calls]
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+def fallback_messages(messages: list[ChatMessage], tools: tuple[toolfmt.Tool, ...]) -> list[ChatMessage]:
+    """Tools as text for a template that knows nothing of them (tools.py documents the format)."""
+    out = []
+    for m in messages:
+        if m.role == "tool":
+            out.append(ChatMessage("user", toolfmt.response_text(m.content)))
+        elif m.tool_calls:
+            calls = "\n".join(c.text() for c in m.tool_calls)
+            out.append(ChatMessage(m.role, f"{m.content}\n{calls}" if m.content else calls))
+        else:
+            out.append(m)
+    if tools:
+        listing = toolfmt.tools_text(tools)
+        if out and out[0].role == "system":
+            out[0] = ChatMessage("system", f"{out[0].content}\n\n{listing}")
+        else:
+            out.insert(0, ChatMessage("system", listing))
+    return out
 
 
 def _raise_exception(message: str) -> None:
@@ -65,17 +103,21 @@ class ChatTemplate:
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"invalid chat template: {exc}") from exc
         self._special = special
+        self.supports_tools = "tools" in source
 
-    def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
+               tools: tuple[toolfmt.Tool, ...] = ()) -> str:
         """The prompt text for `messages`, ending with the assistant header when asked."""
         for i, message in enumerate(messages):
             if message.role not in ROLES:
                 raise ChatTemplateError(f"messages[{i}].role must be one of {', '.join(ROLES)}")
+        if not self.supports_tools:
+            messages, tools = fallback_messages(messages, tools), ()
         try:
             return self._template.render(
-                messages=[{"role": m.role, "content": m.content} for m in messages],
+                messages=[m.as_hf() for m in messages],
                 add_generation_prompt=add_generation_prompt,
-                tools=None,
+                tools=[t.as_openai() for t in tools] or None,
                 documents=None,
                 bos_token=self._special.bos_token,
                 eos_token=self._special.eos_token,
@@ -83,7 +125,7 @@ class ChatTemplate:
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"chat template: {exc}") from exc
 
-    def render_open(self, messages: list[ChatMessage]) -> tuple[str, str]:
+    def render_open(self, messages: list[ChatMessage], tools: tuple[toolfmt.Tool, ...] = ()) -> tuple[str, str]:
         """Split rendering for a chat whose last message's content is still streaming in.
 
         Returns (head, tail): the prompt is head + <appended text> + tail, where the appended
@@ -93,8 +135,9 @@ class ChatTemplate:
         if not messages:
             raise ChatTemplateError("messages must not be empty when input is streamed")
         last = messages[-1]
-        marked = messages[:-1] + [ChatMessage(last.role, last.content + _SENTINEL)]
-        text = self.render(marked)
+        marked = messages[:-1] + [ChatMessage(last.role, last.content + _SENTINEL, last.tool_calls,
+                                              last.tool_call_id)]
+        text = self.render(marked, tools=tools)
         if text.count(_SENTINEL) != 1:
             raise ChatTemplateError("this chat template cannot stream the last message's content")
         head, tail = text.split(_SENTINEL)

@@ -2,8 +2,9 @@
 generation engine never sees an impossible value and no huge allocation follows a huge number.
 
 The ranges and counts are the contract's declared bounds (protovalidate rules on
-mstar.v1.SamplingParams, read through services/common/contract.py: one source of truth; the
-servicer already enforced them on the wire message). What is added here is server policy: the
+mstar.v1.SamplingParams, read through the one sampling field table,
+services/common/sampling_fields.py; the servicer or the surface's body model already enforced
+them on the input). What is added here is server policy: the
 configured max_tokens cap, n (the engine runs one completion per request), the model's
 vocabulary.
 
@@ -19,10 +20,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mstar.v1 import messages_pb2 as pb
-
-from services.common.contract import bounds
-from services.common.errors import MstarError, invalid_argument, quote, resource_exhausted
+from services.common.errors import MstarError, invalid_argument, quote, renamed, resource_exhausted
+from services.common.sampling_fields import FIELDS, public_name
+from services.common.structured_output import ConstraintError, StructuredOutput, validate_structured_output
 from services.preprocess.request import Sampling
 
 
@@ -40,40 +40,50 @@ class Limits:
     max_file_bytes: int = 4 * 1024 * 1024
 
 
-_RANGED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
-           "presence_penalty", "max_tokens", "logprobs", "n")
-DECLARED = {name: bounds(pb.SamplingParams, name) for name in (*_RANGED, "stop", "stop_token_ids")}
+def validate_sampling(s: Sampling, limits: Limits, vocab_size: int, surface: str = "GenerateStream") -> None:
+    """Raise INVALID_ARGUMENT naming the first offending field the way `surface`'s clients spell it
+    (services/common/sampling_fields.py): the contract's declared bounds, then server policy."""
 
-_FIELD = "input.model_kwargs.sampling."
+    def name(field: str) -> str:
+        return public_name(field, surface)
 
-
-def validate_sampling(s: Sampling, limits: Limits, vocab_size: int) -> None:
-    """Raise INVALID_ARGUMENT naming the first offending field."""
-    for name in _RANGED:
-        value, declared = getattr(s, name), DECLARED[name]
-        if value is None:
+    for f in FIELDS.values():
+        value = getattr(s, f.name)
+        if value is None or f.repeated or f.kind is bool:
             continue
         if isinstance(value, float) and not math.isfinite(value):
-            raise invalid_argument(_FIELD + name, "must be a finite number")
-        if not declared.contains(value):
-            raise invalid_argument(_FIELD + name, f"must be in {declared.describe()}")
+            raise invalid_argument(name(f.name), "must be a finite number")
+        if not f.bounds.contains(value):
+            raise invalid_argument(name(f.name), f"must be in {f.bounds.describe()}")
     if s.top_k is not None and s.top_k > vocab_size:
-        raise invalid_argument(_FIELD + "top_k", f"must be in [0, {vocab_size}] (the vocabulary)")
+        raise invalid_argument(name("top_k"), f"must be in [0, {vocab_size}] (the vocabulary)")
     if s.max_tokens is not None and s.max_tokens > limits.max_tokens_cap:
-        raise invalid_argument(_FIELD + "max_tokens", f"must be in [1, {limits.max_tokens_cap}] (server cap)")
+        raise invalid_argument(name("max_tokens"), f"must be in [1, {limits.max_tokens_cap}] (server cap)")
     if s.n is not None and s.n > limits.max_n:
-        raise invalid_argument(_FIELD + "n", f"must be in [1, {limits.max_n}] (one completion per request)")
-    stop, stop_ids = DECLARED["stop"], DECLARED["stop_token_ids"]
+        raise invalid_argument(name("n"), f"must be in [1, {limits.max_n}] (one completion per request)")
+    stop, stop_ids = FIELDS["stop"].bounds, FIELDS["stop_token_ids"].bounds
     if len(s.stop) > stop.max_items:
-        raise invalid_argument(_FIELD + "stop", f"at most {stop.max_items} stop strings")
+        raise invalid_argument(name("stop"), f"at most {stop.max_items} stop strings")
     for i, text in enumerate(s.stop):
         if not stop.items.min_len <= len(text) <= stop.items.max_len:
-            raise invalid_argument(f"{_FIELD}stop[{i}]", f"must be {stop.items.min_len} to {stop.items.max_len} characters")
+            raise invalid_argument(f"{name('stop')}[{i}]",
+                                   f"must be {stop.items.min_len} to {stop.items.max_len} characters")
     if len(s.stop_token_ids) > stop_ids.max_items:
-        raise invalid_argument(_FIELD + "stop_token_ids", f"at most {stop_ids.max_items} ids")
+        raise invalid_argument(name("stop_token_ids"), f"at most {stop_ids.max_items} ids")
     for i, token in enumerate(s.stop_token_ids):
         if not 0 <= token < vocab_size:
-            raise invalid_argument(f"{_FIELD}stop_token_ids[{i}]", f"must be in [0, {vocab_size})")
+            raise invalid_argument(f"{name('stop_token_ids')}[{i}]", f"must be in [0, {vocab_size})")
+
+
+def validate_constraint(c: StructuredOutput | None, renames: tuple[tuple[str, str], ...]) -> None:
+    """The engine's own caps and shape checks, here too, so a malformed constraint is refused before
+    admission, named as the surface's client spelled it. Whether it compiles only the engine knows."""
+    if c is None:
+        return
+    try:
+        validate_structured_output(c)
+    except ConstraintError as e:
+        raise renamed(invalid_argument(e.field, e.description), renames) from None
 
 
 def validate_extra(keys: tuple[str, ...]) -> None:

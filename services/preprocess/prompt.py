@@ -23,12 +23,30 @@ from __future__ import annotations
 
 from services.common.errors import invalid_argument
 from services.preprocess.chat_template import ChatTemplateError
+from services.preprocess.input_names import InputNames, input_names
 from services.preprocess.limits import check_token_ids
 from services.preprocess.media import FileReader
 from services.preprocess.model import ModelSpec
 from services.preprocess.request import TEXT, TOKENS, InputInfo, Part, RequestSpec
 
 _STREAMABLE = frozenset({TEXT, TOKENS})
+# Appended chunks exist on the native API only.
+_APPEND = InputNames("append.text", "append.text", "append.chunks", "append.ends")
+
+
+def min_prompt_tokens(parts: tuple[Part, ...], max_token_bytes: int, *texts: str) -> int:
+    """A lower bound on the tokens `texts` and `parts` become, in O(number of parts): a token spans
+    at most max_token_bytes bytes and a str has at most as many characters as UTF-8 bytes. Lets a
+    prompt (or appended chunk) that cannot fit be refused before the template, the tokenizer or
+    per-token validation run."""
+    chars = sum(len(t) for t in texts)
+    ids = 0
+    for part in parts:
+        if part.token_ids is not None:
+            ids += len(part.token_ids)
+        else:
+            chars += len(part.text or "") + len(part.data or b"")
+    return ids + chars // max_token_bytes
 
 
 class PromptBuilder:
@@ -52,34 +70,35 @@ class PromptBuilder:
         return not self._open
 
     def start(self, spec: RequestSpec) -> list[int]:
+        names = input_names(spec.surface)
         if spec.text and spec.messages:
-            raise invalid_argument("input.text", "text and messages are exclusive")
+            raise invalid_argument(names.text, "text and messages are exclusive")
         for modality in spec.open_inputs:
-            self._check_modality(modality, "input.input_modalities")
+            self._check_modality(modality, names.modalities)
             if modality not in _STREAMABLE:
-                raise invalid_argument("input.input_modalities", f"modality {modality} cannot be streamed")
+                raise invalid_argument(names.modalities, f"modality {modality} cannot be streamed")
         self._open = set(spec.open_inputs)
         committed: list[int] = []
         if spec.messages:
             template = self._model.chat_template
             if template is None:
-                raise invalid_argument("input.messages", "this model has no chat template; send text")
+                raise invalid_argument(names.messages, "this model has no chat template; send text")
             try:
                 if TEXT in self._open:
-                    head, self._tail = template.render_open(list(spec.messages))
+                    head, self._tail = template.render_open(list(spec.messages), spec.tools)
                     rendered = head
                 else:
-                    rendered = template.render(list(spec.messages))
+                    rendered = template.render(list(spec.messages), tools=spec.tools)
             except ChatTemplateError as exc:
                 # A bad role or an unrenderable conversation is the client's mistake: 400, not
                 # the 500 it escaped as before (found by tests/reliability/test_fuzz.py).
-                raise invalid_argument("input.messages", str(exc), reason="INVALID_MESSAGES") from exc
-            committed += self._add_text(rendered, "input.messages")
+                raise invalid_argument(names.messages, str(exc), reason="INVALID_MESSAGES") from exc
+            committed += self._add_text(rendered, names.messages)
         elif spec.text:
-            committed += self._add_text(spec.text, "input.text")
+            committed += self._add_text(spec.text, names.text)
         elif not spec.parts and not self._open:
-            raise invalid_argument("input.text", "a prompt is required (text, messages or prompt_parts)")
-        committed += self._add_parts(spec.parts, "input.prompt_parts")
+            raise invalid_argument(names.text, "a prompt is required (text, messages or prompt_parts)")
+        committed += self._add_parts(spec.parts, names)
         return committed + self._maybe_finish(frozenset())
 
     def append(self, parts: tuple[Part, ...], ends: frozenset[str]) -> list[int]:
@@ -87,7 +106,7 @@ class PromptBuilder:
             if part.modality not in self._open:
                 self._check_modality(part.modality, "append.chunks")
                 raise invalid_argument("append.chunks", f"the {part.modality} input stream is not open")
-        return self._add_parts(parts, "append.chunks") + self._maybe_finish(ends)
+        return self._add_parts(parts, _APPEND) + self._maybe_finish(ends)
 
     def _maybe_finish(self, ends: frozenset[str]) -> list[int]:
         self._open -= ends
@@ -108,14 +127,14 @@ class PromptBuilder:
             self._pending = ["".join(self._pending)]
         return self._pending[0] if self._pending else ""
 
-    def _add_parts(self, parts: tuple[Part, ...], field: str) -> list[int]:
+    def _add_parts(self, parts: tuple[Part, ...], names: InputNames) -> list[int]:
         committed: list[int] = []
         for i, part in enumerate(parts):
-            where = f"{field}[{i}]"
-            self._check_modality(part.modality, where + ".modality")
+            where = names.part(i)
+            self._check_modality(part.modality, names.part_field(i, "modality"))
             if part.modality == TOKENS:
                 ids = part.token_ids or ()
-                check_token_ids(ids, self._tokenizer.vocab_size, where + ".token_ids")
+                check_token_ids(ids, self._tokenizer.vocab_size, names.part_field(i, "token_ids"))
                 # Pre-tokenized input is a hard boundary: everything before it is final.
                 committed += self._commit(final=True) + list(ids)
                 self.num_tokens += len(ids)

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 
-from services.common.metrics import ConductorCollector
+from services.common.conductor_collector import ConductorCollector
 from services.preprocess import routing
 from services.preprocess.replica_pool import FAILOVER, ReplicaPool, RoutingEvents
 

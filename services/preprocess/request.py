@@ -6,10 +6,14 @@ request produces back into wire messages.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 
 from services.common.errors import MstarError
+from services.common.structured_output import StructuredOutput
 from services.preprocess.chat_template import ChatMessage
+from services.preprocess.finish import FinishReason, finish_of
+from services.preprocess.tools import Tool
 
 # Modality names used inside the service (wire enum values map onto these in wire.py).
 TEXT = "text"
@@ -47,23 +51,36 @@ class Sampling:
     logprobs: int | None = None
     include_stop: bool = False
     n: int | None = None
+    structured_output: StructuredOutput | None = None  # None = free text
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
 
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """A request to start (PreprocessInput)."""
+    """A request to start: from a native PreprocessInput (wire.py) or an HTTP surface's body."""
 
-    request_id: str
-    client_request_id: str
-    model: str
-    text: str
-    messages: tuple[ChatMessage, ...]
-    parts: tuple[Part, ...]
+    request_id: str = field(default_factory=new_request_id)
+    client_request_id: str = ""
+    model: str = ""
+    text: str = ""
+    messages: tuple[ChatMessage, ...] = ()
+    tools: tuple[Tool, ...] = ()  # rendered into the prompt by the chat template (tools.py)
+    parts: tuple[Part, ...] = ()
     # Input streams still open after this message (empty = one-shot request).
-    open_inputs: frozenset[str]
-    sampling: Sampling
+    open_inputs: frozenset[str] = frozenset()
+    sampling: Sampling = field(default_factory=lambda: Sampling())
     extra_keys: tuple[str, ...] = ()
     upload_bytes: int = 0
+    # Error field renames, (engine path prefix, public name) pairs, longest prefix first: the engine
+    # names its constraint `structured_output.*`; a surface maps that onto what its client sent
+    # (`response_format.json_schema.schema`, `tools[2].function.parameters`).
+    field_renames: tuple[tuple[str, str], ...] = ()
+    # Who asked: the metrics/log label ("chat.completions", "messages", "GenerateStream", ...),
+    # which also picks the field names errors use (services/preprocess/sampling_fields.py).
+    surface: str = "GenerateStream"
 
 
 @dataclass(frozen=True)
@@ -144,6 +161,10 @@ class Complete:
     # What reached the service for it: its PreprocessInput and ClientAppends.
     rx_messages: int = 0
     rx_bytes: int = 0
+
+    @property
+    def reason(self) -> FinishReason:
+        return finish_of(self.finish_reason, self.stop_reason)
 
 
 @dataclass(frozen=True)

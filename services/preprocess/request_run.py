@@ -15,17 +15,13 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
-from services.common.errors import Code, MstarError, failed_precondition
+from services.common.errors import Code, MstarError, failed_precondition, renamed
 from services.preprocess import limits as caps
 from services.preprocess.admission import Admission, Ticket
-from services.preprocess.backend import (
-    BackendFailed,
-    BackendFinished,
-    BackendRequest,
-    Heartbeat,
-    TokenStep,
-)
+from services.preprocess.backend import BackendRequest
+from services.preprocess.backend_events import BackendFailed, BackendFinished, Heartbeat, TokenStep
 from services.preprocess.detokenizer import Detokenizer
+from services.preprocess.input_names import input_names
 from services.preprocess.limits import Limits
 from services.preprocess.media import FileReader
 from services.preprocess.model import ModelSpec
@@ -129,11 +125,14 @@ class RequestRun:
         return self.finished or (self._backend is not None and self._backend.ended)
 
     def start(self) -> Accepted:
+        """Validate, build the prompt, admit, submit (the runner already charged its input budget)."""
         d, s = self._deps, self.spec
-        caps.validate_sampling(s.sampling, d.limits, d.model.tokenizer.vocab_size)
+        caps.validate_sampling(s.sampling, d.limits, d.model.tokenizer.vocab_size, s.surface)
+        caps.validate_constraint(s.sampling.structured_output, s.field_renames)
         caps.validate_extra(s.extra_keys)
         ids = self._prompt.start(s)
-        self._check_fits("input.text" if not s.messages else "input.messages")
+        names = input_names(s.surface)
+        self._check_fits(names.messages if s.messages else names.text)
         self._max_tokens, self._warnings = caps.effective_max_tokens(
             s.sampling.max_tokens,
             self.prompt_tokens if self.input_done else 0,
@@ -294,7 +293,7 @@ class RequestRun:
                 continue
             self.finished = True
             if isinstance(terminal, BackendFailed):
-                yield Failed(rid, terminal.error)
+                yield Failed(rid, renamed(terminal.error, self.spec.field_renames))
                 return
             reason = (
                 "cancelled"

@@ -11,6 +11,8 @@ from mstar.v1 import inference_service_pb2 as api
 from mstar.v1 import messages_pb2 as pb
 
 from services.common.errors import invalid_argument
+from services.common.sampling_fields import native_prefix
+from services.common.structured_output_wire import structured_output_of, structured_output_pb
 from services.preprocess.chat_template import ChatMessage
 from services.preprocess.request import (
     TEXT,
@@ -67,11 +69,7 @@ def model_numerics(numerics: dict) -> api.ModelNumerics | None:
     """The generation backend's numerics metadata (JSON fields) -> ModelNumerics; None before one connected."""
     if not numerics:
         return None
-    return api.ModelNumerics(
-        device=str(numerics.get("device", "")), weights=str(numerics.get("weights", "")),
-        activations=str(numerics.get("activations", "")), kernels=str(numerics.get("kernels", "")),
-        compiled_decode=bool(numerics.get("compiled_decode", False)),
-    )
+    return api.ModelNumerics(**numerics)  # backend._numerics: exactly its fields and types
 
 
 def sampling_pb(s: Sampling) -> pb.SamplingParams:
@@ -86,27 +84,16 @@ def sampling_pb(s: Sampling) -> pb.SamplingParams:
         value = getattr(s, name)
         if value is not None:
             setattr(params, name, value)
+    if s.structured_output is not None:
+        params.structured_output.CopyFrom(structured_output_pb(s.structured_output))
     return params
 
 
-def min_prompt_tokens(parts, max_token_bytes: int, *texts: str) -> int:
-    """A lower bound on the tokens `texts` and prompt/append `parts` become, in O(number of
-    parts): a token spans at most max_token_bytes bytes, and a str has at most as many
-    characters as UTF-8 bytes. Lets a prompt that cannot fit be refused before any per-element
-    work (template, tokenizer, validation of each token id)."""
-    chars = sum(len(t) for t in texts)
-    ids = 0
-    for p in parts:
-        source = p.WhichOneof("source")
-        if source == "token_ids":
-            ids += len(p.token_ids.ids)
-        elif source in ("text", "data"):
-            chars += len(getattr(p, source))
-    return ids + chars // max_token_bytes
-
-
-def request_spec(msg: pb.PreprocessInput, new_id: Callable[[], str] = lambda: uuid.uuid4().hex) -> RequestSpec:
-    """The domain spec of a start message; `new_id` names a request whose client chose no id."""
+def request_spec(msg: pb.PreprocessInput, surface: str,
+                 new_id: Callable[[], str] = lambda: uuid.uuid4().hex) -> RequestSpec:
+    """`surface`: the RPC it came through (Generate, GenerateStream, Session): metrics label and
+    the root of error field paths (input. / start.). `new_id` names a request whose client chose
+    no id (a preprocess replica tags it with its owner: services/preprocess/peers.py)."""
     sampling_pb = msg.model_kwargs.sampling
     values = {n: getattr(sampling_pb, n) for n in _OPTIONAL_SAMPLING if sampling_pb.HasField(n)}
     sampling = Sampling(
@@ -115,6 +102,8 @@ def request_spec(msg: pb.PreprocessInput, new_id: Callable[[], str] = lambda: uu
         stop_token_ids=tuple(sampling_pb.stop_token_ids),
         ignore_eos=sampling_pb.ignore_eos,
         include_stop=sampling_pb.include_stop_str_in_output,
+        structured_output=(structured_output_of(sampling_pb.structured_output)
+                           if sampling_pb.HasField("structured_output") else None),
     )
     opened = {modality(m, "input.input_modalities") for m in msg.input_modalities}
     ended = {modality(m, "input.ends") for m in msg.ends}
@@ -127,8 +116,10 @@ def request_spec(msg: pb.PreprocessInput, new_id: Callable[[], str] = lambda: uu
         parts=tuple(_part(p, f"input.prompt_parts[{i}]") for i, p in enumerate(msg.prompt_parts)),
         open_inputs=frozenset(opened - ended),
         sampling=sampling,
+        field_renames=(("structured_output", native_prefix(surface) + "structured_output"),),
         extra_keys=tuple(msg.model_kwargs.extra.fields.keys()),
         upload_bytes=msg.ByteSize(),
+        surface=surface,
     )
 
 
@@ -252,6 +243,7 @@ def failed(e: Failed) -> pb.RequestFailed:
         http_status=err.http_status,
         reason=err.reason,
         client_request_id=e.client_request_id,
+        field=err.field_violations[0].field if err.field_violations else "",
     )
 
 

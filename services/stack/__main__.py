@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from services.common.data_dir import default_data_dir
 from services.stack.readiness import NotReady
 from services.stack.stack import Stack, StackConfig
 from services.stack.supervisor import Supervisor
@@ -48,6 +49,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="generation --quantization (env MSTAR_QUANTIZATION); auto: a GGUF's own block codes; "
                         "--dtype float32 --quantization none: the exact HF oracle")
     p.add_argument("--log-dir", type=Path, help="where the three logs go (default: a temp dir)")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="preprocess state, e.g. stored /v1/responses (env MSTAR_DATA_DIR; default "
+                        "~/.local/share/mstar)")
     p.add_argument("--ready-timeout", type=float, default=600.0)
     return p.parse_args(argv)
 
@@ -61,7 +65,8 @@ mstar is ready in {t['ready']:.1f} s (generation {t['generation']:.1f} s, prepro
 first request through Envoy {t['first_request'] - t['envoy_upstream']:.2f} s)
 
   HTTP/JSON + gRPC   {url}   (grpcurl -plaintext {stack.grpc_target} list)
-  OpenAI base_url    {url}/v1
+  OpenAI base_url    {url}/v1   (chat/completions, completions, responses, models)
+  Anthropic base_url {url}   (messages)
   health             {url}/health
   Envoy admin        {stack.admin_url}   (127.0.0.1 only)
   preprocess gRPC    {", ".join(stack.preprocess_targets)}
@@ -85,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         generation_metrics_port=args.generation_metrics_port, preprocess_metrics_port=args.preprocess_metrics_port,
         default_max_tokens=args.default_max_tokens, otlp_endpoint=args.otlp_endpoint,
         generation_replicas=args.generation_replicas, preprocess_replicas=args.preprocess_replicas,
-        log_dir=args.log_dir, ready_timeout_s=args.ready_timeout, null_engine=args.null_engine or None,
+        log_dir=args.log_dir, data_dir=args.data_dir or default_data_dir(), ready_timeout_s=args.ready_timeout,
+        null_engine=args.null_engine or None,
         dtype=args.dtype, quantization=args.quantization)
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -69,6 +69,8 @@ class StackConfig:
     dtype: str = "auto"  # generation --dtype (services/generation/numerics.py)
     quantization: str = "auto"  # generation --quantization: auto = a GGUF's own block codes; none = dense
     log_dir: Path | None = None
+    # Where preprocess keeps state (the stored /v1/responses); None = the log directory.
+    data_dir: Path | None = None
     ready_timeout_s: float = 600.0
     generation_args: list[str] = field(default_factory=list)
     preprocess_args: list[str] = field(default_factory=list)
@@ -81,6 +83,8 @@ class StackConfig:
             values["model"] = os.environ["MSTAR_MODEL"]
         if os.environ.get("MSTAR_DTYPE"):
             values["dtype"] = os.environ["MSTAR_DTYPE"]
+        if os.environ.get("MSTAR_DATA_DIR"):
+            values["data_dir"] = Path(os.environ["MSTAR_DATA_DIR"])
         if os.environ.get("MSTAR_QUANTIZATION"):
             values["quantization"] = os.environ["MSTAR_QUANTIZATION"]
         if os.environ.get("MSTAR_DEFAULT_MAX_TOKENS"):
@@ -210,7 +214,9 @@ class Stack:
         port = c.preprocess_ports()[i]
         argv = [sys.executable, "-m", "services.preprocess", "--model", c.model,
                 "--generation", ",".join(self.generation_targets), "--host", c.host, "--port", str(port),
-                "--metrics-port", str(c.preprocess_ports(c.preprocess_metrics_port)[i])]
+                "--metrics-port", str(c.preprocess_ports(c.preprocess_metrics_port)[i]),
+                # One data dir for every replica: they share the stored /v1/responses (SQLite, WAL).
+                "--data-dir", str(c.data_dir or self.log_dir)]
         if c.preprocess_replicas > 1:
             argv += ["--peers", ",".join(self.preprocess_targets), "--advertise", f"{c.host}:{port}"]
         if c.default_max_tokens is not None:

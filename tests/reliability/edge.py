@@ -1,8 +1,8 @@
 """Envoy (the real rendered config) in front of a recording stand-in for the preprocess service,
 for edge cases where what matters is what Envoy lets through: API keys, rate limits, slowloris.
 
-The stand-in is a grpc.aio server on a background loop: health SERVING, ListModels recording the
-request metadata it received, and a slow GenerateStream (one chunk every 50 ms) so a test can hold
+The stand-in is a grpc.aio server on a background loop: health SERVING, the models listing (GET
+/v1/models, ListOpenAIModels; ListModels for gRPC) recording the request metadata it received, and a slow GenerateStream (one chunk every 50 ms) so a test can hold
 a stream open while it hammers the edge.
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import grpc
 import httpx
+from google.api import httpbody_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from mstar.v1 import inference_service_pb2 as api
 from mstar.v1 import messages_pb2 as pb
@@ -42,6 +43,10 @@ def _handlers(recorder: Recorder) -> grpc.GenericRpcHandler:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "stand-in says unavailable")
         return api.ListModelsResponse(object="list")
 
+    async def list_openai_models(request, context):
+        await list_models(request, context)
+        return httpbody_pb2.HttpBody(content_type="application/json", data=b'{"object":"list","data":[]}')
+
     async def generate_stream(request, context):
         recorder.metadata.append({k: v for k, v in context.invocation_metadata()})
         yield api.GenerateStreamResponse(accepted=api.RequestAccepted(request_id="fake"))
@@ -53,6 +58,8 @@ def _handlers(recorder: Recorder) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(SERVICE, {
         "ListModels": grpc.unary_unary_rpc_method_handler(
             list_models, api.ListModelsRequest.FromString, api.ListModelsResponse.SerializeToString),
+        "ListOpenAIModels": grpc.unary_unary_rpc_method_handler(
+            list_openai_models, api.ListOpenAIModelsRequest.FromString, httpbody_pb2.HttpBody.SerializeToString),
         "GenerateStream": grpc.unary_stream_rpc_method_handler(
             generate_stream, api.GenerateStreamRequest.FromString, api.GenerateStreamResponse.SerializeToString),
     })

@@ -22,8 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from services.common import errors
-from services.generation.grammar.cache import LruCache
-from services.generation.grammar.constraint import (
+from services.common.structured_output import (
     CHOICE,
     FIELD,
     GRAMMAR,
@@ -33,6 +32,7 @@ from services.generation.grammar.constraint import (
     TOOL_CALLS,
     StructuredOutput,
 )
+from services.generation.grammar.cache import LruCache
 from services.generation.grammar.json_schema import safe_json_grammar
 from services.generation.weights.vocabulary import Vocabulary
 
@@ -104,7 +104,7 @@ class GrammarCompiler:
             result = self._compile_one(constraint)
             size = result.memory_size_bytes
         except (RuntimeError, ValueError, TypeError) as e:  # xgrammar's errors are RuntimeError subclasses
-            field = f"{FIELD}.{_FIELD_OF_KIND[constraint.kind]}"
+            field = f"{FIELD}.{_failing_part(constraint)}"
             result = errors.invalid_argument(field, f"does not compile: {_clean(e)}", "INVALID_GRAMMAR")
             size = _COMPILED_ERROR_BYTES
         seconds = time.perf_counter() - start
@@ -132,7 +132,7 @@ class GrammarCompiler:
             return compiler.compile_regex(c.regex)
         elif c.kind == GRAMMAR:
             return compiler.compile_grammar(c.grammar)
-        else:  # CHOICE: EBNF string literals take JSON's escapes (quotes, backslashes, \n, \uXXXX)
+        else:  # CHOICE: EBNF string literals take JSON's escapes (quotes, backslashes, newlines, unicode escapes)
             return compiler.compile_grammar("root ::= " + " | ".join(json.dumps(s) for s in c.choices))
         return compiler.compile_grammar(safe_json_grammar(grammar))
 
@@ -150,6 +150,20 @@ class GrammarCompiler:
             self._xgr_compiler = xgr.GrammarCompiler(info, max_threads=self.config.compile_threads,
                                                      cache_enabled=False)
         return self._xgr_compiler
+
+
+def _failing_part(c: StructuredOutput) -> str:
+    """The part of a constraint that does not compile: for tool calls, the first tool whose
+    argument schema fails alone (so the surface can name that tool), else the whole kind."""
+    if c.kind == TOOL_CALLS:
+        import xgrammar as xgr
+
+        for i, tag in enumerate(c.tool_calls.tags):
+            try:
+                xgr.Grammar.from_json_schema(tag.json_schema, any_whitespace=False, strict_mode=True)
+            except (RuntimeError, ValueError, TypeError):
+                return f"tool_calls.tags[{i}].json_schema"
+    return _FIELD_OF_KIND[c.kind]
 
 
 def _structural_tag(c: StructuredOutput) -> dict:

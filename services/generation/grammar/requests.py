@@ -14,8 +14,8 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 
 from services.common import errors
+from services.common.structured_output import ConstraintError, validate_structured_output
 from services.generation.grammar.compiler import GrammarCompiler, GrammarConfig
-from services.generation.grammar.constraint import ConstraintError, validate_structured_output
 from services.generation.grammar.matcher import SequenceGrammar
 from services.generation.sampling_params import SamplingParams
 from services.generation.sequence import Sequence

@@ -9,7 +9,7 @@ import grpc
 from fake_generation import FakeGeneration, start_fake
 
 from services.common.errors import Code
-from services.preprocess.backend import BackendFailed, BackendFinished, TokenStep
+from services.preprocess.backend_events import BackendFailed, BackendFinished, TokenStep
 from services.preprocess.replica_pool import PoolConfig, ReplicaPool
 from services.preprocess.request import Sampling
 from services.preprocess.resolver import Resolver
@@ -298,7 +298,7 @@ def _hashes(prompt):
 def test_routing_counters_and_replica_gauges(loop):
     from prometheus_client import CollectorRegistry
 
-    from services.common.metrics import ConductorCollector
+    from services.common.conductor_collector import ConductorCollector
     from services.preprocess.replica_metrics import ReplicaMetrics
 
     async def run():

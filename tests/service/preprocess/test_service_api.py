@@ -270,7 +270,7 @@ def test_appends_that_keep_an_input_alive_cannot_hold_it_open_past_the_lifetime_
         assert failed.reason == "INPUT_OPEN_TOO_LONG" and failed.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
         assert 1.5 <= time.monotonic() - t0 < 3.0 and appended >= 4
         assert pre.servicer.num_running == 0 and pre.backend.num_requests == 0
-        admission = pre.servicer._deps.admission
+        admission = pre.servicer.runner.deps.admission
         assert admission.snapshot() == {"clients": 0, "busiest_client_requests": 0, "open_inputs": 0, "requests": 0}
         metrics = pre.servicer.metrics.registry
         assert metrics.get_sample_value("mstar_preprocess_requests_failed_total", {"reason": "INPUT_OPEN_TOO_LONG"}) == 1

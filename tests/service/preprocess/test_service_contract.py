@@ -160,7 +160,7 @@ def test_a_servicer_bug_is_internal_with_a_logged_stack_and_no_exception_text(fa
         def model(self):
             raise RuntimeError("secret internal detail")
 
-    monkeypatch.setattr(fake_stack.servicer, "_deps", Broken())
+    monkeypatch.setattr(fake_stack.servicer.runner, "deps", Broken())
     with caplog.at_level(logging.INFO):
         with pytest.raises(grpc.RpcError) as info:
             fake_stack.stub.ListModels(api.ListModelsRequest(), timeout=10,

@@ -102,3 +102,22 @@ def test_deadline_aborts_real_generation(real_stack):
     while real_stack.backend.num_requests or real_stack.servicer.num_running:
         assert time.monotonic() < end
         time.sleep(0.02)
+
+
+def test_native_structured_output_field(real_stack):
+    """SamplingParams.structured_output on the native API: the output is one of the choices; a
+    schema that does not compile is INVALID_ARGUMENT naming the field where the client set it."""
+    ask = [pb.ChatMessage(role="user", content="Is the sky blue?")]
+    constraint = pb.StructuredOutput(choice=pb.Choices(choices=["yes", "no"]))
+    kwargs = pb.ModelKwargs(sampling=pb.SamplingParams(temperature=1.0, seed=3, max_tokens=8,
+                                                       structured_output=constraint))
+    reply = real_stack.stub.Generate(api.GenerateRequest(input=pb.PreprocessInput(messages=ask, model_kwargs=kwargs)),
+                                     timeout=120)
+    assert reply.text in ("yes", "no")
+    bad = pb.ModelKwargs(sampling=pb.SamplingParams(max_tokens=8, structured_output=pb.StructuredOutput(
+        json_schema='{"type": "strin"}')))
+    with pytest.raises(grpc.RpcError) as info:
+        real_stack.stub.Generate(api.GenerateRequest(input=pb.PreprocessInput(messages=ask, model_kwargs=bad)),
+                                 timeout=120)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith("input.model_kwargs.sampling.structured_output.json_schema: does not compile")

@@ -7,54 +7,82 @@ The prompt text picks the behaviour, so each Envoy test is one HTTP request:
   "overload"  -> RESOURCE_EXHAUSTED / QUEUE_FULL before any message
   "fail late" -> accepted, one chunk, then an in-band `failed` (UNAVAILABLE)
   anything    -> accepted, keep_alive, chunks "Hello" + " world", complete
-The OpenAI RPCs are the real services/preprocess/openai handlers over this fake `run`.
-For replica tests: ListModels answers the model id NAME (which replica served), Generate's text
-says whether an `mstar-forwarded` header arrived, and --refuse answers every call UNAVAILABLE
-before any message (a draining replica that Envoy's health check has not noticed yet).
+The HTTP surfaces (OpenAI, Anthropic, Responses, ...) are the real ones (services/preprocess/
+http_routes.py) over a scripted runner that yields these domain events.
+For replica tests: ListModels and GET /v1/models answer the model id NAME (which replica
+served), Generate's text says whether an `mstar-forwarded` header arrived, and --refuse answers
+every call UNAVAILABLE before any message (a draining replica that Envoy's health check has not
+noticed yet).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+from pathlib import Path
+from types import SimpleNamespace
 
 from mstar.v1 import inference_service_pb2 as ipb
 from mstar.v1 import inference_service_pb2_grpc as ipb_grpc
-from mstar.v1 import messages_pb2 as mpb
 
 from services.common import errors
 from services.common.server import GrpcServer
-from services.preprocess import openai
+from services.preprocess import wire
+from services.preprocess.http_routes import HttpRoutes
+from services.preprocess.request import Accepted, Chunk, Complete, Failed, KeepAlive, RequestSpec
+from services.preprocess.surfaces.responses.endpoints import ResponsesApi
+from services.preprocess.surfaces.responses.store import ResponseStore
 
 
-async def fake_run(inp: mpb.PreprocessInput, context):
-    text = inp.text or (inp.messages[-1].content if inp.messages else "")
-    rid = inp.request_id or "req-1"
+async def script(spec: RequestSpec):
+    text = spec.text or (spec.messages[-1].content if spec.messages else "")
+    rid = spec.request_id
     if "too long" in text:
-        await errors.abort(context, errors.invalid_argument("text", "prompt is 9000 tokens, context is 8192",
-                                                            reason="PROMPT_TOO_LONG"))
+        raise errors.invalid_argument("text", "prompt is 9000 tokens, context is 8192", reason="PROMPT_TOO_LONG")
     if "overload" in text:
-        await errors.abort(context, errors.resource_exhausted("queue full", "QUEUE_FULL"))
-    yield ipb.GenerateStreamResponse(accepted=ipb.RequestAccepted(request_id=rid, prompt_tokens=3))
-    yield ipb.GenerateStreamResponse(keep_alive=ipb.KeepAlive(request_id=rid))
+        raise errors.resource_exhausted("queue full", "QUEUE_FULL")
+    yield Accepted(rid, spec.client_request_id, prompt_tokens=3, max_tokens=16)
+    yield KeepAlive(rid)
     if "fail late" in text:
-        yield ipb.GenerateStreamResponse(chunk=mpb.ResultChunk(request_id=rid, text="partial"))
-        yield ipb.GenerateStreamResponse(failed=mpb.RequestFailed(
-            request_id=rid, message="generation backend lost", code=14, http_status=503,
-            reason="BACKEND_UNAVAILABLE"))
+        yield Chunk(rid, 0, "partial", ())
+        yield Failed(rid, errors.unavailable("generation backend lost", reason="BACKEND_UNAVAILABLE"))
         return
-    for piece in ("Hello", " world"):
+    for i, piece in enumerate(("Hello", " world")):
         await asyncio.sleep(0.01)
-        yield ipb.GenerateStreamResponse(chunk=mpb.ResultChunk(request_id=rid, text=piece, token_ids=[1]))
-    yield ipb.GenerateStreamResponse(complete=mpb.RequestComplete(
-        request_id=rid, finish_reason=mpb.FINISH_REASON_LENGTH,
-        usage=mpb.Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5)))
+        yield Chunk(rid, i, piece, (1,))
+    yield Complete(rid, "length", "", prompt_tokens=3, cached_prompt_tokens=0, completion_tokens=2, chunks=2)
 
 
-class FakeInference(ipb_grpc.InferenceServiceServicer):
+class FakeRunner:
+    """What the surfaces use of the RequestRunner, scripted; its model is called `name`."""
+
+    def __init__(self, name: str = "fake") -> None:
+        self.model = SimpleNamespace(
+            name=name, context_length=8192, input_modalities=frozenset({"text"}),
+            tokenizer=SimpleNamespace(decode=lambda ids: "x" * len(ids), token_bytes=lambda t: b"x", vocab_size=100))
+
+    def scope(self, client: str = ""):
+        budget = SimpleNamespace(charge=lambda size, is_append: None)
+        return SimpleNamespace(runner=self, run=script, close=lambda: None, close_after=lambda seconds: None,
+                               budget=budget)
+
+    def check_model(self, model: str) -> None:
+        pass
+
+    def prompt_token_ids(self, spec: RequestSpec) -> list[int]:
+        return [1, 2, 3]
+
+    def cancel(self, request_id: str) -> bool:
+        return False
+
+
+class FakeInference(HttpRoutes, ipb_grpc.InferenceServiceServicer):
     def __init__(self, name: str = "fake", refuse: bool = False) -> None:
         self.name = name
         self.refuse = refuse
+        self.runner = FakeRunner(name)
+        self.responses = ResponsesApi(ResponseStore(Path(":memory:")))
+        self.created = 1700000000
 
     async def _maybe_refuse(self, context) -> None:
         if self.refuse:
@@ -64,8 +92,11 @@ class FakeInference(ipb_grpc.InferenceServiceServicer):
 
     async def GenerateStream(self, request, context):
         await self._maybe_refuse(context)
-        async for event in fake_run(request.input, context):
-            yield event
+        try:
+            async for event in script(wire.request_spec(request.input, "GenerateStream")):
+                yield wire.stream_event(event)
+        except errors.MstarError as err:
+            await errors.abort(context, err)
 
     async def Generate(self, request, context):
         await self._maybe_refuse(context)
@@ -73,25 +104,24 @@ class FakeInference(ipb_grpc.InferenceServiceServicer):
             seen = any(k == "mstar-forwarded" for k, _ in context.invocation_metadata())
             return ipb.GenerateResponse(request_id="req-1", text=f"{self.name}:{seen}")
         text = []
-        async for event in fake_run(request.input, context):
-            if event.HasField("chunk"):
-                text.append(event.chunk.text)
+        try:
+            async for event in script(wire.request_spec(request.input, "Generate")):
+                if isinstance(event, Chunk):
+                    text.append(event.text)
+        except errors.MstarError as err:
+            await errors.abort(context, err)
         return ipb.GenerateResponse(request_id="req-1", text="".join(text))
 
     async def ListModels(self, request, context):
         await self._maybe_refuse(context)
         return ipb.ListModelsResponse(object="list", data=[ipb.Model(id=self.name, object="model", owned_by="mstar")])
 
+    async def ListOpenAIModels(self, request, context):
+        await self._maybe_refuse(context)
+        return await super().ListOpenAIModels(request, context)
+
     async def Cancel(self, request, context):
         return ipb.CancelResponse(request_id=request.request_id, cancelled=False)
-
-    async def CreateChatCompletion(self, request, context):
-        async for body in openai.chat_completions(request, context, fake_run, model_name="fake"):
-            yield body
-
-    async def CreateCompletion(self, request, context):
-        async for body in openai.completions(request, context, fake_run, model_name="fake"):
-            yield body
 
 
 async def main(port: int, name: str, refuse: bool) -> None:

@@ -78,6 +78,66 @@ def test_openai_errors_are_reshaped_with_status(envoy):
     assert openai_error(big, 413)["message"]
 
 
+def anthropic_error(reply, status):
+    assert reply.status_code == status, reply.text
+    assert reply.headers["content-type"] == "application/json"
+    assert not [h for h in reply.headers if h.startswith("grpc-")]
+    body = reply.json()
+    assert set(body) == {"type", "error"} and body["type"] == "error" and set(body["error"]) == {"type", "message"}
+    return body["error"]
+
+
+def message(base, content, **extra):
+    return httpx.post(base + "/v1/messages", timeout=10, json={
+        "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": content}], **extra})
+
+
+def test_anthropic_errors_are_anthropic_shaped_with_status(envoy):
+    assert anthropic_error(message(envoy, "too long"), 400) == {
+        "type": "invalid_request_error", "message": "text: prompt is 9000 tokens, context is 8192"}
+    reply = message(envoy, "overload")
+    assert anthropic_error(reply, 429)["type"] == "rate_limit_error" and reply.headers["retry-after"] == "1"
+    assert "max_tokens" in anthropic_error(httpx.post(envoy + "/v1/messages", json={"model": "m", "messages": [
+        {"role": "user", "content": "hi"}]}), 400)["message"]
+    big = httpx.post(envoy + "/v1/messages", content=b"x" * (5 * 1024 * 1024),
+                     headers={"content-type": "application/json"})
+    assert anthropic_error(big, 413)["type"] == "request_too_large"
+    form = httpx.post(envoy + "/v1/messages/count_tokens", content=b"a=b",
+                      headers={"content-type": "application/x-www-form-urlencoded"})
+    assert anthropic_error(form, 415)["type"] == "invalid_request_error"
+    assert httpx.post(envoy + "/v1/messages/count_tokens", json={"model": "m", "messages": [
+        {"role": "user", "content": "hi"}]}).json() == {"input_tokens": 3}
+
+
+def test_anthropic_stream_and_in_band_error(envoy):
+    reply = message(envoy, "fail late", stream=True)
+    assert reply.status_code == 200 and reply.headers["content-type"] == "text/event-stream"
+    events = [block.split("\n")[0] for block in reply.text.strip().split("\n\n")]
+    assert events[:3] == ["event: message_start", "event: content_block_start", "event: ping"]
+    assert events[-1] == "event: error"
+    reply = message(envoy, "hi", stream=True)
+    assert [b.split("\n")[0] for b in reply.text.strip().split("\n\n")][-1] == "event: message_stop"
+
+
+def test_responses_models_and_utilities_routes(envoy):
+    created = httpx.post(envoy + "/v1/responses", json={"model": "m", "input": "hi"}, timeout=10)
+    assert created.status_code == 200 and created.json()["output"][0]["content"][0]["text"] == "Hello world"
+    rid = created.json()["id"]
+    assert httpx.get(envoy + f"/v1/responses/{rid}").json()["id"] == rid
+    assert httpx.post(envoy + f"/v1/responses/{rid}/cancel").json()["status"] == "incomplete"
+    assert httpx.delete(envoy + f"/v1/responses/{rid}").json() == {"id": rid, "object": "response", "deleted": True}
+    assert openai_error(httpx.get(envoy + f"/v1/responses/{rid}"), 404)["code"] == "response_not_found"
+    assert openai_error(httpx.get(envoy + "/v1/responses/" + "x" * 300), 400)["param"] == "response_id"
+    form = httpx.post(envoy + "/v1/responses", content=b"a=b", headers={"content-type": "text/plain"})
+    assert openai_error(form, 415)["type"] == "invalid_request_error"
+    models = httpx.get(envoy + "/v1/models").json()
+    assert models["data"][0]["created"] == 1700000000 and models["object"] == "list"
+    assert httpx.get(envoy + "/v1/models/fake").json()["id"] == "fake"
+    assert openai_error(httpx.get(envoy + "/v1/models/gpt-4"), 404)["code"] == "model_not_found"
+    assert httpx.get(envoy + "/version").json()["version"]
+    assert httpx.post(envoy + "/tokenize", json={"prompt": "hi"}).json()["count"] == 3
+
+
 def test_native_errors_keep_the_status_shape(envoy):
     reply = httpx.post(envoy + "/v1/generate", json={"text": "too long"})
     assert reply.status_code == 400 and not [h for h in reply.headers if h.startswith("grpc-")]
@@ -123,8 +183,10 @@ def test_dead_backend_is_an_immediate_json_503(tmp_path):
         reply = httpx.post(base + "/v1/chat/completions", json={"messages": []}, timeout=5)
         err = openai_error(reply, 503)
         assert err["type"] == "service_unavailable_error" and err["code"] == "no_healthy_upstream"
-        native = httpx.get(base + "/v1/models", timeout=5)
+        native = httpx.post(base + "/v1/generate", json={"text": "x"}, timeout=5)
         assert native.status_code == 503 and native.json()["code"] == 14
+        anthropic = httpx.post(base + "/v1/messages", json={}, timeout=5)
+        assert anthropic_error(anthropic, 503)["type"] == "overloaded_error"
         health = httpx.get(base + "/health", timeout=5)
         assert health.status_code == 503 and health.json() == {"status": "NOT_SERVING"}
     finally:
@@ -188,7 +250,7 @@ def test_an_over_long_or_odd_id_in_a_path_is_a_400_not_a_retryable_429(envoy, ve
 
 def test_oversized_headers_are_a_per_request_431(envoy):
     for headers in ({"x-big": "a" * 70_000}, {f"x-h{i}": "a" * 1000 for i in range(70)}):
-        reply = httpx.get(envoy + "/v1/models", headers=headers, timeout=10)
+        reply = httpx.post(envoy + "/v1/generate", json={"text": "hi"}, headers=headers, timeout=10)
         assert reply.status_code == 431 and reply.json()["code"] == 8, reply.text[:200]
     target = envoy.removeprefix("http://")
     with grpc.insecure_channel(target) as channel:  # HTTP/2: one stream refused, not the connection
@@ -249,3 +311,20 @@ def test_grpc_json_is_a_clear_invalid_argument(envoy):
     trailers = _curl_grpc(envoy, "content-type: application/grpc+json", "te: trailers", body=False)
     assert trailers["grpc-status"] == "3" and "application/grpc+proto" in trailers["grpc-message"]
     assert _curl_grpc(envoy, "content-type: application/grpc+proto", "te: trailers")["grpc-status"] == "0"
+
+def test_envoys_own_429_is_in_each_apis_shape(tmp_path):
+    settings = dataclasses.replace(VARIANTS["local"], http_port=free_port(), admin_port=free_port(),
+                                   upstream_port=free_port(), rate_limit_rps=1)
+    child = start_envoy(settings, tmp_path)  # nothing upstream: the rate limit answers first
+    base = f"http://127.0.0.1:{settings.http_port}"
+    try:
+        readiness.poll("envoy", readiness.http_ok(f"http://127.0.0.1:{settings.admin_port}/ready", "LIVE"), 30,
+                       alive=child.alive)
+        anthropic = [httpx.post(base + "/v1/messages", json={}, timeout=5) for _ in range(4)]
+        limited = [r for r in anthropic if r.status_code == 429]
+        assert limited and anthropic_error(limited[0], 429)["type"] == "rate_limit_error"
+        responses = [httpx.post(base + "/v1/responses", json={}, timeout=5) for _ in range(4)]
+        limited = [r for r in responses if r.status_code == 429]
+        assert limited and openai_error(limited[0], 429)["type"] == "rate_limit_error"
+    finally:
+        child.stop(5)

@@ -7,8 +7,8 @@ import re
 
 from generation_helpers import drive, make_engine
 
+from services.common.structured_output import tool_call_tag
 from services.generation.engine import Engine
-from services.generation.grammar.constraint import tool_call_tag
 from services.generation.sampling_params import SamplingParams
 
 EOS = 2  # TINY's eos id; the synthetic vocabulary spells it "</s>" (a control token)

@@ -7,10 +7,10 @@ import torch
 import xgrammar as xgr
 
 from services.common.errors import Code, MstarError
+from services.common.structured_output import StructuredOutput
 from services.generation.grammar.bitmask import TokenMasks, apply_bitmask, apply_bitmask_by_table
 from services.generation.grammar.cache import LruCache
 from services.generation.grammar.compiler import GrammarCompiler, GrammarConfig
-from services.generation.grammar.constraint import StructuredOutput
 from services.generation.grammar.matcher import SequenceGrammar
 from services.generation.weights.random_init import TINY, synthetic_vocabulary
 

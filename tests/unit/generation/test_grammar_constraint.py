@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from services.generation.grammar.constraint import (
+from services.common.structured_output import (
     MAX_CHOICES,
     MAX_SCHEMA_BYTES,
     MAX_SCHEMA_DEPTH,

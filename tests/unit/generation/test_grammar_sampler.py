@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from kernels.dispatch import KernelOps
+from services.common.structured_output import StructuredOutput, tool_call_tag
 from services.generation.grammar.compiler import GrammarCompiler
-from services.generation.grammar.constraint import StructuredOutput, tool_call_tag
 from services.generation.grammar.matcher import SequenceGrammar
 from services.generation.sampler import Sampler
 from services.generation.sampling_params import SamplingParams

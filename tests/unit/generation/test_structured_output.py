@@ -15,8 +15,8 @@ import pytest
 from grammar_helpers import EOS, constrained, make_engine, parse_calls, run, tool_tags
 
 from services.common.errors import Code
+from services.common.structured_output import StructuredOutput
 from services.generation.engine import Engine, EngineConfig
-from services.generation.grammar.constraint import StructuredOutput
 from services.generation.null_runner import NullRunner
 from services.generation.sampling_params import SamplingParams
 from services.generation.weights.random_init import TINY, random_checkpoint

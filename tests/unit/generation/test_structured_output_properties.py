@@ -22,8 +22,8 @@ from grammar_helpers import EOS, constrained, make_engine, run
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from services.common.structured_output import StructuredOutput
 from services.generation.grammar.compiler import GrammarCompiler
-from services.generation.grammar.constraint import StructuredOutput
 from services.generation.grammar.matcher import SequenceGrammar
 from services.generation.weights.random_init import TINY, random_checkpoint
 

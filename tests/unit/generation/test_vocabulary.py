@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
+from services.common.structured_output import StructuredOutput
 from services.generation.grammar.bitmask import TokenMasks
 from services.generation.grammar.compiler import GrammarCompiler
-from services.generation.grammar.constraint import StructuredOutput
 from services.generation.grammar.matcher import SequenceGrammar
 from services.generation.weights.locate import default_model_path
 from services.generation.weights.vocabulary import (

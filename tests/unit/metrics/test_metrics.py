@@ -8,19 +8,19 @@ import urllib.request
 from types import SimpleNamespace
 
 from mstar.generation.v1 import generation_service_pb2
-from mstar.v1 import messages_pb2
 from prometheus_client import generate_latest
 
+from services.common.conductor_collector import conductor_metric_name
 from services.common.logs import JsonFormatter
 from services.common.metrics import (
     GenerationMetrics,
     PreprocessMetrics,
     RequestClock,
-    conductor_metric_name,
+    request_timings,
     start_metrics_server,
-    timing_dict,
-    timing_metadata,
+    timing_headers,
 )
+from services.preprocess.request import Complete
 
 
 def value(metrics, name, labels=None):
@@ -123,15 +123,14 @@ def test_conductor_status_export():
     assert conductor_metric_name("a.b-c_total") == "mstar_conductor_a_b_c"
 
 
-def test_timing_metadata_and_dict():
-    done = messages_pb2.RequestComplete()
-    done.timings.time_to_first_token_ms = 12.5
-    done.usage.completion_tokens = 3
-    meta = dict(timing_metadata(done))
+def test_timing_headers_and_timings_of_a_complete():
+    done = Complete("r", "stop", "", prompt_tokens=5, cached_prompt_tokens=2, completion_tokens=3, chunks=1,
+                    timings_ms={"time_to_first_token_ms": 12.5})
+    meta = dict(timing_headers(done))
     assert meta["x-mstar-time-to-first-token-ms"] == "12.500"
-    assert meta["x-mstar-completion-tokens"] == "3"
+    assert meta["x-mstar-completion-tokens"] == "3" and meta["x-mstar-cached-prompt-tokens"] == "2"
     assert all(k == k.lower() for k in meta)  # gRPC metadata keys must be lowercase
-    assert timing_dict(done)["time_to_first_token_ms"] == 12.5
+    assert request_timings(done)["time_to_first_token_ms"] == 12.5 and request_timings(done)["queue_ms"] == 0.0
 
 
 def test_metrics_server_serves_exposition():

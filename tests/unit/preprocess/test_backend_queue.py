@@ -5,13 +5,8 @@ request finishes still gets every token, then the finish."""
 from mstar.v1 import messages_pb2 as pb
 
 from services.common.errors import Code
-from services.preprocess.backend import (
-    BackendFailed,
-    BackendFinished,
-    BackendRequest,
-    GenerationBackend,
-    TokenStep,
-)
+from services.preprocess.backend import BackendRequest, GenerationBackend
+from services.preprocess.backend_events import BackendFailed, BackendFinished, TokenStep
 
 
 def backend_with_request(queue_size: int):

@@ -46,7 +46,7 @@ def test_render_open_splits_around_streamed_content(model_spec):
 
 def test_unknown_role_rejected(model_spec):
     with pytest.raises(ChatTemplateError, match="role"):
-        model_spec.chat_template.render([ChatMessage("tool", "x")])
+        model_spec.chat_template.render([ChatMessage("critic", "x")])
 
 
 SPECIAL = SpecialTokens("<s>", "</s>", (2,), frozenset({1, 2}))

@@ -1,0 +1,205 @@
+"""Anthropic Messages responses: the message object, the streaming event sequence, errors.
+
+Streaming (`stream: true`) follows Anthropic's documented sequence, every event with an
+`event:` line:
+
+    message_start        once admitted (usage.input_tokens known)
+    content_block_start  index 0, an empty text block
+    ping                 right after, and again every ~2 s while queued or prefilling
+    content_block_delta  text_delta per chunk of text
+    content_block_stop
+    message_delta        stop_reason, stop_sequence, cumulative usage
+    message_stop
+
+With tools, text that may start a call is held (services/preprocess/tools.py); each call closes
+the open block and is a `tool_use` block (content_block_start with empty `input`, one
+`input_json_delta` with the arguments, content_block_stop); stop_reason is then `tool_use`.
+
+A failure after the stream started is an `error` event (`{"type": "error", "error": {...}}`), and
+the stream ends there. Usage follows Anthropic's split: `input_tokens` are the prompt tokens NOT
+served from the prefix cache, `cache_read_input_tokens` those that were.
+"""
+
+from __future__ import annotations
+
+import json
+
+from services.common.errors import MstarError
+from services.preprocess.finish import FinishReason
+from services.preprocess.request import Accepted, Chunk, Complete, Failed, KeepAlive
+from services.preprocess.surfaces.http import Frame, sse
+from services.preprocess.tools import CallStream, ToolCall
+from services.preprocess.tools import parse as parse_calls
+
+STOP_REASONS = {
+    FinishReason.END: "end_turn",
+    FinishReason.STOP_STRING: "stop_sequence",
+    FinishReason.LENGTH: "max_tokens",
+    # Anthropic has no "cancelled" stop reason: a cancelled message ends with an error instead.
+    FinishReason.CANCELLED: None,
+}
+
+# HTTP status → Anthropic error `type`. deploy/envoy/api_errors.lua holds the same table for
+# errors that end the call before the first byte; a unit test keeps them equal.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def error_type(http_status: int) -> str:
+    return ERROR_TYPES.get(http_status, "api_error" if http_status >= 500 else "invalid_request_error")
+
+
+def error_object(err: MstarError) -> dict:
+    return {"type": "error", "error": {"type": error_type(err.http_status), "message": err.message}}
+
+
+def cancelled_error() -> dict:
+    return {"type": "error", "error": {"type": "api_error", "message": "the request was cancelled"}}
+
+
+def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict:
+    return {
+        "input_tokens": prompt_tokens - cached_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached_tokens,
+        "output_tokens": output_tokens,
+    }
+
+
+def tool_use_id(call: ToolCall) -> str:
+    return "toolu_" + call.id.removeprefix("call_")
+
+
+def tool_use_block(call: ToolCall, with_input: bool = True) -> dict:
+    return {"type": "tool_use", "id": tool_use_id(call), "name": call.name,
+            "input": json.loads(call.arguments) if with_input else {}}
+
+
+def stop_reason(done: Complete, called: bool) -> str | None:
+    reason = STOP_REASONS[done.reason]
+    return "tool_use" if called and reason == "end_turn" else reason
+
+
+def message(msg_id: str, model: str, text: str, done: Complete, tool_calls: bool = False) -> dict:
+    """The whole message object of a non-streamed reply (also the snapshot a stream adds up to)."""
+    calls: tuple[ToolCall, ...] = ()
+    if tool_calls:
+        parsed = parse_calls(text)
+        text, calls = parsed.content, parsed.calls
+    content = [{"type": "text", "text": text}] if text or not calls else []
+    return {
+        "id": msg_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content + [tool_use_block(c) for c in calls],
+        "stop_reason": stop_reason(done, bool(calls)),
+        "stop_sequence": done.stop_reason or None,
+        "usage": usage(done.prompt_tokens, done.cached_prompt_tokens, done.completion_tokens),
+    }
+
+
+class MessageStream:
+    """Domain events of one request → the SSE frames of Anthropic's event sequence."""
+
+    def __init__(self, model: str, tool_calls: bool = False) -> None:
+        self.model = model
+        self.ended = False
+        self.parser = CallStream() if tool_calls else None
+        self.block = 0  # index of the last block started
+        self.block_open = True
+        self.calls = 0
+
+    def on_event(self, event) -> list[Frame]:
+        if isinstance(event, Accepted):
+            return self._start(event)
+        if isinstance(event, KeepAlive):
+            return [sse({"type": "ping"}, "ping")]
+        if isinstance(event, Chunk) and event.text:
+            if self.parser is None:
+                return self._text(event.text)
+            text, calls = self.parser.feed(event.text)
+            return self._text(text) + [f for call in calls for f in self._call(call)]
+        if isinstance(event, Complete):
+            return self._finish(event)
+        if isinstance(event, Failed):
+            return self.error(event.error)
+        return []
+
+    def _start(self, accepted: Accepted) -> list[Frame]:
+        start = {
+            "id": "msg_" + accepted.request_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": usage(accepted.prompt_tokens, 0, 0),
+        }
+        block = {"type": "text", "text": ""}
+        return [
+            sse({"type": "message_start", "message": start}, "message_start"),
+            sse({"type": "content_block_start", "index": 0, "content_block": block}, "content_block_start"),
+            sse({"type": "ping"}, "ping"),
+        ]
+
+    def _text(self, text: str) -> list[Frame]:
+        if not text:
+            return []
+        frames = []
+        if not self.block_open:
+            self.block += 1
+            self.block_open = True
+            frames.append(sse({"type": "content_block_start", "index": self.block,
+                               "content_block": {"type": "text", "text": ""}}, "content_block_start"))
+        delta = {"type": "text_delta", "text": text}
+        return frames + [sse({"type": "content_block_delta", "index": self.block, "delta": delta},
+                             "content_block_delta")]
+
+    def _call(self, call: ToolCall) -> list[Frame]:
+        frames = []
+        if self.block_open:
+            frames.append(sse({"type": "content_block_stop", "index": self.block}, "content_block_stop"))
+        self.block += 1
+        self.block_open = False
+        self.calls += 1
+        delta = {"type": "input_json_delta", "partial_json": call.arguments}
+        return frames + [
+            sse({"type": "content_block_start", "index": self.block,
+                 "content_block": tool_use_block(call, with_input=False)}, "content_block_start"),
+            sse({"type": "content_block_delta", "index": self.block, "delta": delta}, "content_block_delta"),
+            sse({"type": "content_block_stop", "index": self.block}, "content_block_stop"),
+        ]
+
+    def _finish(self, done: Complete) -> list[Frame]:
+        self.ended = True
+        if done.reason is FinishReason.CANCELLED:
+            return [sse(cancelled_error(), "error")]
+        frames = self._text(self.parser.finish()) if self.parser is not None else []
+        if self.block_open:
+            frames.append(sse({"type": "content_block_stop", "index": self.block}, "content_block_stop"))
+        delta = {"stop_reason": stop_reason(done, self.calls > 0), "stop_sequence": done.stop_reason or None}
+        return [
+            *frames,
+            sse({"type": "message_delta", "delta": delta,
+                 "usage": usage(done.prompt_tokens, done.cached_prompt_tokens, done.completion_tokens)},
+                "message_delta"),
+            sse({"type": "message_stop"}, "message_stop"),
+        ]
+
+    def error(self, err: MstarError) -> list[Frame]:
+        self.ended = True
+        return [sse(error_object(err), "error")]

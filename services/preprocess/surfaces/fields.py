@@ -1,0 +1,84 @@
+"""Sampling fields as pydantic types, and body → domain `Sampling`, from the one field table.
+
+    class Body(http.Body):
+        temperature: fields.sampling("temperature") = None
+        stop_sequences: fields.sampling("stop") = None
+
+    fields.sampling_of(body, "messages", max_tokens=...)   # -> Sampling
+
+The type carries the contract's declared bounds (services/common/sampling_fields.py reads them from
+the .proto), so pydantic rejects an out-of-range value naming the field as the client spelled it,
+and the published JSON schema of every surface shows the same numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field
+
+from services.common.contract import declared
+from services.common.sampling_fields import FIELDS, SamplingField
+from services.preprocess.request import Sampling
+from services.preprocess.surfaces.http import field_error
+
+# The contract's declared limits on what every surface's body turns into (mstar.v1.PreprocessInput).
+MAX_MESSAGES = declared("mstar.v1.PreprocessInput", "messages").max_items
+Model = Annotated[str, Field(max_length=declared("mstar.v1.PreprocessInput", "model").max_len,
+                             description='The served model\'s id or "default" (empty = the served model).')]
+
+
+def _constraints(f: SamplingField, bounds) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    low, high = bounds.low, bounds.high
+    if f.int_range is not None:  # what the wire type holds, where the contract declares less
+        low = f.int_range[0] if low is None else max(low, f.int_range[0])
+        high = f.int_range[1] if high is None else min(high, f.int_range[1])
+        low, high = int(low), int(high)
+    if low is not None:
+        out["ge" if bounds.low_inclusive else "gt"] = low
+    if high is not None:
+        out["le" if bounds.high_inclusive else "lt"] = high
+    if bounds.min_len is not None:
+        out["min_length"] = bounds.min_len
+    if bounds.max_len is not None:
+        out["max_length"] = bounds.max_len
+    return out
+
+
+def sampling(name: str, *, before: Any = None, required: bool = False) -> Any:
+    """The pydantic type of sampling field `name` (optional unless `required`); `before` adapts a
+    surface's spelling first (OpenAI's `stop` may be one string)."""
+    f = FIELDS[name]
+    bounds = f.bounds
+    if f.repeated:
+        item = Annotated[f.kind, Field(**_constraints(f, bounds.items or type(bounds)()))]
+        limit = {"max_length": bounds.max_items} if bounds.max_items is not None else {}
+        kind: Any = Annotated[list[item], Field(**limit)]  # type: ignore[valid-type]
+    else:
+        kind = Annotated[f.kind, Field(**_constraints(f, bounds))]
+    if not required:
+        kind = kind | None
+    extra = (BeforeValidator(before),) if before is not None else ()
+    return Annotated[kind, Field(description=f.doc), *extra]
+
+
+def sampling_of(body: Any, surface: str, **given: Any) -> Sampling:
+    """The domain Sampling of a parsed body: every field the table lists for `surface`, read
+    under its public name(s); `given` sets fields the surface derives itself (e.g. a default)."""
+    values: dict[str, Any] = {}
+    for f in FIELDS.values():
+        value = None
+        names = f.public_names(surface)
+        for public in names:
+            got = getattr(body, public, None)
+            if got is None:
+                continue
+            if value is not None and got != value:
+                raise field_error(public, f"conflicts with {names[0]}; send only one")
+            value = got
+        if value is not None:
+            values[f.name] = tuple(value) if f.repeated else value
+    values.update({k: v for k, v in given.items() if v is not None})
+    return replace(Sampling(), **values)

@@ -1,0 +1,162 @@
+"""Stored responses (`store: true`): an embedded SQLite database, bounded by age and size.
+
+One row per response: the response object as the API returns it (for GET /v1/responses/{id})
+and the conversation it ends (the messages that led to it plus its own output), which is what
+`previous_response_id` continues. The file survives restarts of the preprocess service; rows still
+`in_progress` when it stopped are marked `failed` on the next start (their stream died with it).
+
+Bounds: a row older than `ttl_s` is gone; when the stored bytes exceed `max_bytes` the oldest rows
+go first. Every database call runs on one dedicated thread (sqlite3 connections are
+single-threaded), so the event loop never waits on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (
+    id TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    status TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    response TEXT NOT NULL,      -- the response object (JSON)
+    conversation TEXT NOT NULL   -- [[role, content], ...] up to and including this response's output
+);
+CREATE INDEX IF NOT EXISTS responses_by_age ON responses (created_at);
+"""
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    id: str
+    created_at: float
+    status: str
+    response: dict
+    conversation: list[tuple[str, str]]
+
+
+class ResponseStore:
+    def __init__(self, path: Path, ttl_s: float = 30 * 24 * 3600.0, max_bytes: int = 256 * 1024 * 1024) -> None:
+        self.path = path
+        self.ttl_s = ttl_s
+        self.max_bytes = max_bytes
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="responses-db")
+        self._db: sqlite3.Connection | None = None
+        self._bytes = 0
+
+    async def open(self) -> ResponseStore:
+        await self._call(self._open)
+        return self
+
+    async def close(self) -> None:
+        await self._call(self._close)
+        self._thread.shutdown(wait=True)
+
+    async def put(self, record: StoredResponse) -> None:
+        await self._call(self._put, record)
+
+    async def get(self, response_id: str) -> StoredResponse | None:
+        return await self._call(self._get, response_id)
+
+    async def delete(self, response_id: str) -> bool:
+        return await self._call(self._delete, response_id)
+
+    @property
+    def stored_bytes(self) -> int:
+        return self._bytes
+
+    async def _call(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._thread, self._opened, fn, *args)
+
+    def _opened(self, fn, *args):
+        """Opens the database on first use (so a store built outside a running loop works)."""
+        if self._db is None and fn not in (self._open, self._close):
+            self._open()
+        return fn(*args)
+
+    # ---- on the database thread
+
+    def _open(self) -> None:
+        if str(self.path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = self._db = sqlite3.connect(self.path, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(_SCHEMA)
+        self._interrupted()
+        self._bytes = db.execute("SELECT COALESCE(SUM(size), 0) FROM responses").fetchone()[0]
+        self._evict()
+
+    def _close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def _interrupted(self) -> None:
+        rows = self._db.execute("SELECT id, response FROM responses WHERE status = 'in_progress'").fetchall()
+        for response_id, text in rows:
+            obj = json.loads(text)
+            obj["status"] = "failed"
+            obj["error"] = {"code": "server_error", "message": "the server restarted while this response ran"}
+            self._db.execute("UPDATE responses SET status = 'failed', response = ? WHERE id = ?",
+                             (json.dumps(obj), response_id))
+
+    def _put(self, r: StoredResponse) -> None:
+        response = json.dumps(r.response, ensure_ascii=False)
+        conversation = json.dumps(r.conversation, ensure_ascii=False)
+        size = len(response.encode()) + len(conversation.encode())
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            old = db.execute("SELECT size FROM responses WHERE id = ?", (r.id,)).fetchone()
+            db.execute(
+                "INSERT OR REPLACE INTO responses (id, created_at, status, size, response, conversation) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (r.id, r.created_at, r.status, size, response, conversation),
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        self._bytes += size - (old[0] if old else 0)
+        self._evict()
+
+    def _get(self, response_id: str) -> StoredResponse | None:
+        row = self._db.execute(
+            "SELECT id, created_at, status, response, conversation FROM responses WHERE id = ? AND created_at >= ?",
+            (response_id, time.time() - self.ttl_s),
+        ).fetchone()
+        if row is None:
+            return None
+        conversation = [(role, content) for role, content in json.loads(row[4])]
+        return StoredResponse(row[0], row[1], row[2], json.loads(row[3]), conversation)
+
+    def _delete(self, response_id: str) -> bool:
+        row = self._db.execute("DELETE FROM responses WHERE id = ? RETURNING size", (response_id,)).fetchone()
+        if row is None:
+            return False
+        self._bytes -= row[0]
+        return True
+
+    def _evict(self) -> None:
+        """Expired rows, then the oldest rows until the stored bytes fit `max_bytes`."""
+        db = self._db
+        for (size,) in db.execute("DELETE FROM responses WHERE created_at < ? RETURNING size",
+                                  (time.time() - self.ttl_s,)).fetchall():
+            self._bytes -= size
+        while self._bytes > self.max_bytes:
+            rows = db.execute("SELECT id, size FROM responses ORDER BY created_at LIMIT 64").fetchall()
+            if not rows:
+                break
+            for response_id, size in rows:
+                if self._bytes <= self.max_bytes:
+                    break
+                db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+                self._bytes -= size
