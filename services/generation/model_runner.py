@@ -56,6 +56,18 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def pool(last_hidden: torch.Tensor, dimensions: int | None) -> bytes | None:
+    """An embedding from the last prompt token's final hidden state [H] (after the final norm):
+    the first `dimensions` values (all when None), L2-normalized in fp32, as float32 little-endian
+    bytes; None when it is not finite. Last-token pooling: under causal attention only the last
+    position has seen the whole input, and it is the row the engine computes anyway (docs/design.md
+    "Embeddings")."""
+    x = last_hidden.float()[:dimensions]
+    if not bool(torch.isfinite(x).all()):
+        return None
+    return torch.nn.functional.normalize(x, dim=-1).cpu().numpy().astype("<f4").tobytes()
+
+
 class ModelRunner:
     def __init__(self, checkpoint: Checkpoint, config: RunnerConfig):
         self.config = config
@@ -102,8 +114,13 @@ class ModelRunner:
     def max_model_len(self) -> int:
         return self.model_config.max_position_embeddings
 
+    @property
+    def hidden_size(self) -> int:
+        return self.model_config.hidden_size
+
     def prepare(self, seqs: list[Sequence], num_new_tokens: list[int], sampling: list[bool]):
-        """Step tensors for seqs computing num_new_tokens each; logits at the sampling ones' last row."""
+        """Step tensors for seqs computing num_new_tokens each; final hidden states (and logits) at
+        the last row of each seq with sampling[i] True."""
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -138,14 +155,25 @@ class ModelRunner:
         return torch.tensor(input_ids, dtype=torch.int64, device=dev), meta
 
     @torch.inference_mode()
-    def run(self, seqs: list[Sequence], num_new_tokens: list[int], sampling: list[bool]) -> SampleOutput:
-        """Compute the scheduled tokens; sample one token for each seq with sampling[i] True."""
-        input_ids, meta = self.prepare(seqs, num_new_tokens, sampling)
-        logits = self.model.forward(input_ids, meta, self.kv_cache)  # [S, V]
-        sampled = [s for s, is_sampling in zip(seqs, sampling, strict=True) if is_sampling]
-        if not sampled:
-            return SampleOutput([], [], [])
-        return self.sampler(logits, sampled)
+    def run(self, seqs: list[Sequence], num_new_tokens: list[int], sampling: list[bool],
+            pooling: list[bool] | None = None) -> SampleOutput:
+        """Compute the scheduled tokens; sample one token for each seq with sampling[i] True, and
+        return the embedding of each seq with pooling[i] True (an embedding request whose prompt
+        ends in this step: its last row's final hidden state, pooled by pool())."""
+        pooling = pooling or [False] * len(seqs)
+        rows = [(seq, is_pooling) for seq, is_sampling, is_pooling in zip(seqs, sampling, pooling, strict=True)
+                if is_sampling or is_pooling]
+        input_ids, meta = self.prepare(seqs, num_new_tokens, [s or p for s, p in zip(sampling, pooling, strict=True)])
+        hidden = self.model.final_hidden(input_ids, meta, self.kv_cache)  # [S, H]
+        sample_rows = [i for i, (_, is_pooling) in enumerate(rows) if not is_pooling]
+        if len(sample_rows) == len(rows):  # no embedding in this step: the usual path, no copy
+            return self.sampler(self.model.logits(hidden), [seq for seq, _ in rows]) if rows else SampleOutput([], [], [])
+        out = SampleOutput([], [], [])
+        if sample_rows:
+            out = self.sampler(self.model.logits(hidden[sample_rows]), [rows[i][0] for i in sample_rows])
+        out.embeddings = [pool(hidden[i], seq.params.embedding.dimensions)
+                          for i, (seq, is_pooling) in enumerate(rows) if is_pooling]
+        return out
 
     def clear_blocks(self, block_ids: list[int]) -> None:
         with torch.inference_mode():

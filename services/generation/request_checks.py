@@ -41,6 +41,9 @@ def check_input_end(seq: Sequence, runner, block_manager: BlockManager):
     n = seq.num_prompt_tokens
     if n == 0:
         return errors.invalid_argument("prompt_token_ids", "the prompt is empty", "EMPTY_PROMPT")
+    if seq.is_embedding:
+        seq.max_tokens = 0  # prefill only: nothing is generated, so the prompt alone must fit
+        return None
     room = runner.max_model_len - n  # >= 1: check_prompt_tokens ran on every chunk
     # The last output token is never fed back, so the pool must hold prompt + max_tokens - 1.
     pool_room = block_manager.num_tokens - n + 1

@@ -90,6 +90,11 @@ class Sequence:
         """True when computing num_new_tokens more reaches the end of a complete input."""
         return self.is_input_done and self.num_computed_tokens + num_new_tokens == len(self.token_ids)
 
+    @property
+    def is_embedding(self) -> bool:
+        """Prefill only: the step that computes its last prompt token pools instead of sampling."""
+        return self.params.embedding is not None
+
     def is_prefill_step(self) -> bool:
         return self.num_computed_tokens < self.num_prompt_tokens
 
