@@ -1,4 +1,5 @@
-"""Embedding requests in the engine: prefill only, last-token pooling after the final norm, L2-normalized.
+"""Embedding requests in the engine: prefill only, mean (default) or last-token pooling of the final
+hidden states (after the final norm), L2-normalized.
 
 The oracle is transformers' LlamaModel on the same weights (its last_hidden_state is the output of
 the final norm): fp32 on CPU, so the engine's vector matches to 1e-5 per element (the two sum in
@@ -13,6 +14,8 @@ import torch
 from generation_helpers import drive, make_engine
 
 from services.common.errors import Code
+from services.generation.engine import Engine, EngineConfig
+from services.generation.model_runner import ModelRunner, RunnerConfig
 from services.generation.sampling_params import Embedding, SamplingParams
 
 transformers = pytest.importorskip("transformers")
@@ -20,10 +23,16 @@ transformers = pytest.importorskip("transformers")
 TOLERANCE = 1e-5  # max |engine - HF| per element of the unit vector, fp32
 
 
-def hf_embedding(model, prompt, dimensions=None):
+def hf_embedding(model, prompt, dimensions=None, pooling="mean"):
     with torch.inference_mode():
-        last = model(torch.tensor([prompt])).last_hidden_state[0, -1]  # after model.norm
-    return torch.nn.functional.normalize(last[:dimensions], dim=-1).numpy()
+        hidden = model(torch.tensor([prompt])).last_hidden_state[0]  # [T, H], after model.norm
+    pooled = hidden.mean(dim=0) if pooling == "mean" else hidden[-1]
+    return torch.nn.functional.normalize(pooled[:dimensions], dim=-1).numpy()
+
+
+def pooling_engine(checkpoint, pooling, num_blocks=128, block_size=4, max_num_batched_tokens=24):
+    runner = ModelRunner(checkpoint, RunnerConfig(num_blocks, block_size, "cpu", num_threads=1, pooling=pooling))
+    return Engine(runner, EngineConfig(num_blocks, block_size, 32, max_num_batched_tokens), on_step=lambda out: None)
 
 
 def hf_base_model(checkpoint):
@@ -49,7 +58,8 @@ def run(engine, requests):
     return tensors, tokens, completed, failed, steps
 
 
-def test_embedding_matches_hf_last_hidden_state_in_a_mixed_chunked_batch(tiny_checkpoint):
+@pytest.mark.parametrize("pooling", ["mean", "last"])
+def test_embedding_matches_hf_hidden_states_in_a_mixed_chunked_batch(tiny_checkpoint, pooling):
     model = hf_base_model(tiny_checkpoint)
     prompts = {"short": [5, 6, 7], "long": list(range(20, 120)), "one": [42]}
     embed = SamplingParams(embedding=Embedding())
@@ -58,24 +68,44 @@ def test_embedding_matches_hf_last_hidden_state_in_a_mixed_chunked_batch(tiny_ch
     requests["gen"] = ([9, 8, 7, 6], generate)
     requests["half"] = (list(range(30, 70)), SamplingParams(embedding=Embedding(dimensions=16)))
     # 100 prompt tokens with a 24-token budget: "long" prefills in chunks next to the decode.
-    engine = make_engine(tiny_checkpoint, num_blocks=128, max_num_batched_tokens=24)
+    engine = pooling_engine(tiny_checkpoint, pooling)
     tensors, tokens, completed, failed, _ = run(engine, requests)
     assert not failed
     for key, prompt in prompts.items():
         got, shape = vector(tensors, key)
         assert shape == (64,)
-        np.testing.assert_allclose(got, hf_embedding(model, prompt), rtol=0, atol=TOLERANCE)
+        np.testing.assert_allclose(got, hf_embedding(model, prompt, pooling=pooling), rtol=0, atol=TOLERANCE)
         assert abs(np.linalg.norm(got) - 1) < 1e-5
         done = completed[key]
         assert (done.finish_reason, done.num_output_tokens, done.num_prompt_tokens) == ("stop", 0, len(prompt))
         assert key not in tokens  # prefill only: nothing was sampled
     got, shape = vector(tensors, "half")
     assert shape == (16,)
-    np.testing.assert_allclose(got, hf_embedding(model, list(range(30, 70)), 16), rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(got, hf_embedding(model, list(range(30, 70)), 16, pooling), rtol=0, atol=TOLERANCE)
     # The generation request next to them is unaffected (same tokens as alone).
     alone = make_engine(tiny_checkpoint)
     _, alone_tokens, _, _, _ = run(alone, {"gen": requests["gen"]})
     assert tokens["gen"] == alone_tokens["gen"]
+
+
+def test_mean_pooling_survives_the_prefix_cache_and_preemption(tiny_checkpoint):
+    model = hf_base_model(tiny_checkpoint)
+    prompt = list(range(40, 100))
+    expected = hf_embedding(model, prompt)
+    embed = SamplingParams(embedding=Embedding())
+    # The prompt's blocks are cached by a generation request first: the embedding still pools
+    # every token (it never reads cached blocks) ...
+    engine = pooling_engine(tiny_checkpoint, "mean")
+    run(engine, {"warm": (prompt, SamplingParams(temperature=0.0, max_tokens=2))})
+    tensors, _, completed, failed, _ = run(engine, {"e": (prompt, embed)})
+    assert not failed and completed["e"].num_cached_tokens == 0
+    np.testing.assert_allclose(vector(tensors, "e")[0], expected, rtol=0, atol=TOLERANCE)
+    # ... and a preempted embedding pools its recompute only (the running sum starts over).
+    engine = pooling_engine(tiny_checkpoint, "mean", num_blocks=24, max_num_batched_tokens=16)
+    long_gen = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    tensors, _, completed, failed, steps = run(engine, {"g": (list(range(5, 45)), long_gen), "e": (prompt, embed)})
+    assert not failed and engine.scheduler.num_preemptions > 0
+    np.testing.assert_allclose(vector(tensors, "e")[0], expected, rtol=0, atol=TOLERANCE)
 
 
 def test_embedding_frees_its_blocks_in_the_step_it_ends(tiny_checkpoint):
@@ -137,7 +167,7 @@ def test_default_model_embedding_matches_hf():
     prompts = {"a": [504, 3575, 282, 4649, 314], "b": [1, 4093, 198, 11328, 253, 1345, 5808, 30, 2, 198]}
     expected = {k: hf_embedding(model, p) for k, p in prompts.items()}
     del model
-    engine = make_engine(checkpoint, num_blocks=64, block_size=16, max_num_batched_tokens=256)
+    engine = pooling_engine(checkpoint, "mean", num_blocks=64, block_size=16, max_num_batched_tokens=256)
     tensors, _, _, failed, _ = run(engine, {k: (p, SamplingParams(embedding=Embedding())) for k, p in prompts.items()})
     assert not failed
     for key in prompts:
