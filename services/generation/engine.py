@@ -199,7 +199,8 @@ class Engine:
         message = None if error else validate_embedding(params, self.runner.hidden_size)
         error = error or (errors.invalid_argument("embedding", message) if message else None)
         error = error or self.grammars.check(params)
-        error = error or check_prompt_tokens(token_ids, len(token_ids), self.runner, self.block_manager)
+        error = error or check_prompt_tokens(token_ids, len(token_ids), self.runner, self.block_manager,
+                                             output_tokens=0 if params.embedding is not None else 1)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         seq = Sequence(key, self._next_seq_id, token_ids, params, seed, Timing(arrival, arrival), input_done)
         if error is None and input_done:
@@ -228,7 +229,8 @@ class Engine:
         if seq.is_input_done:
             self._fail(out, seq, errors.failed_precondition(f"request {key!r}: input already ended", "INPUT_ENDED"))
             return
-        error = check_prompt_tokens(token_ids, seq.num_prompt_tokens + len(token_ids), self.runner, self.block_manager)
+        error = check_prompt_tokens(token_ids, seq.num_prompt_tokens + len(token_ids), self.runner, self.block_manager,
+                                    output_tokens=0 if seq.is_embedding else 1)
         if error is None:
             seq.append_prompt(token_ids)
             if input_done:

@@ -47,7 +47,7 @@ from mstar.v1 import messages_pb2 as pb
 from services.common import tracing
 from services.common.errors import Code, MstarError, from_code, unavailable
 from services.common.server import channel_options
-from services.preprocess.request import Sampling, TokenLogprobs
+from services.preprocess.request import EmbeddingSpec, Sampling, TokenLogprobs
 from services.preprocess.wire import sampling_pb
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,14 @@ _FINISH = {
 class TokenStep:
     token_id: int
     logprobs: TokenLogprobs | None = None
+
+
+@dataclass(frozen=True)
+class TensorResult:
+    """An embedding request's vector (ResultTensors): float32 little-endian bytes."""
+
+    data: bytes
+    shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -84,7 +92,7 @@ class BackendFailed:
     error: MstarError
 
 
-BackendEvent = TokenStep | Heartbeat | BackendFinished | BackendFailed
+BackendEvent = TokenStep | TensorResult | Heartbeat | BackendFinished | BackendFailed
 
 
 class BackendRequest:
@@ -183,7 +191,7 @@ class BackendRequest:
                 self.queue.get_nowait()
         if terminal:
             self.ended = True
-        elif isinstance(event, TokenStep):
+        elif isinstance(event, TokenStep | TensorResult):
             self.tokens_received = True  # from now on a lost stream fails the request (no retry)
         self.queue.put_nowait(event)  # a terminal event always fits: the spare slot
 
@@ -259,7 +267,8 @@ class GenerationBackend:
             client_request_id=request.request_id,
             prompt_parts=[pb.PromptPart(modality=pb.MODALITY_TOKENS, token_ids=pb.TokenIds(ids=request.prompt_ids))],
             input_modalities=[pb.MODALITY_TOKENS] if request.input_open else [],
-            output_modalities=[pb.MODALITY_TOKENS],
+            output_modalities=[pb.MODALITY_EMBEDDING if request.model_kwargs.HasField("embedding")
+                               else pb.MODALITY_TOKENS],
             model_kwargs=request.model_kwargs,
             trace_context=request.trace_context,
         )
@@ -379,6 +388,11 @@ class GenerationBackend:
                 request = self._requests.pop(done.request_id, None)
                 if request is not None:
                     request.deliver(_finished(done))
+            elif kind == "result_tensors":
+                result = frame.result_tensors
+                request = self._requests.get(result.request_id)
+                if request is not None:
+                    request.deliver(TensorResult(result.tensor.data, tuple(result.tensor.shape)))
             elif kind == "conductor_status":
                 if self._on_status is not None:
                     self._on_status(frame.conductor_status)
@@ -440,6 +454,14 @@ def engine_kwargs(s: Sampling, max_tokens: int) -> pb.ModelKwargs:
     above this layer)."""
     engine_side = replace(s, stop=(), include_stop=False, max_tokens=max_tokens, n=1)
     return pb.ModelKwargs(sampling=sampling_pb(engine_side))
+
+
+def embedding_kwargs(e: EmbeddingSpec) -> pb.ModelKwargs:
+    """What the engine is told about an embedding request (output_modalities [MODALITY_EMBEDDING])."""
+    params = pb.EmbeddingParams()
+    if e.dimensions is not None:
+        params.dimensions = e.dimensions
+    return pb.ModelKwargs(embedding=params)
 
 
 def _finished(done: pb.RequestComplete) -> BackendFinished:

@@ -23,6 +23,7 @@ from services.preprocess.backend import (
     BackendFinished,
     BackendRequest,
     Heartbeat,
+    TensorResult,
     TokenStep,
 )
 from services.preprocess.detokenizer import Detokenizer
@@ -42,6 +43,7 @@ from services.preprocess.request import (
     KeepAlive,
     Profile,
     RequestSpec,
+    Tensor,
 )
 from services.preprocess.stop import StopMatcher
 
@@ -134,19 +136,23 @@ class RequestRun:
         d, s = self._deps, self.spec
         caps.validate_sampling(s.sampling, d.limits, d.model.tokenizer.vocab_size, s.surface)
         caps.validate_extra(s.extra_keys)
+        if s.embedding is not None:
+            caps.check_embedding(s.embedding, d.model.hidden_size, s.surface)
         ids = self._prompt.start(s)
         names = input_names(s.surface)
         self._check_fits(names.messages if s.messages else names.text)
-        self._max_tokens, self._warnings = caps.effective_max_tokens(
-            s.sampling.max_tokens,
-            self.prompt_tokens if self.input_done else 0,
-            d.model.context_length,
-            d.limits,
-        )
+        if s.embedding is None:  # an embedding generates nothing: no output budget to resolve
+            self._max_tokens, self._warnings = caps.effective_max_tokens(
+                s.sampling.max_tokens,
+                self.prompt_tokens if self.input_done else 0,
+                d.model.context_length,
+                d.limits,
+            )
         self._ticket = d.admission.admit(self.prompt_tokens, self.client, input_open=not self.input_done)
         try:
             self._backend = d.backend.submit(
-                self.request_id, ids, s.sampling, self._max_tokens, input_open=not self.input_done
+                self.request_id, ids, s.sampling, self._max_tokens, input_open=not self.input_done,
+                embedding=s.embedding,
             )
         except MstarError:
             self._ticket.release()
@@ -241,6 +247,8 @@ class RequestRun:
         detok = Detokenizer(tok.token_bytes)
         stops = StopMatcher(self.spec.sampling.stop, self.spec.sampling.include_stop)
         chunks, completion, sent_profile = 0, 0, False
+        tensors: list[Tensor] = []
+        num_tensors = 0
         postprocess_s = 0.0  # detokenizing and stop matching, summed over the request
         token_ids: list[int] = []
         logprobs: list = []
@@ -278,6 +286,8 @@ class RequestRun:
                         break
                 elif isinstance(event, Heartbeat):
                     continue
+                elif isinstance(event, TensorResult):
+                    tensors.append(Tensor(rid, event.data, event.shape))
                 else:
                     terminal = event
                     break
@@ -291,8 +301,12 @@ class RequestRun:
                 yield Chunk(rid, chunks, text, tuple(token_ids), tuple(logprobs))
                 chunks += 1
                 token_ids, logprobs = [], []
+            for tensor in tensors:
+                yield tensor
+            num_tensors += len(tensors)
+            tensors.clear()
             if terminal is None:
-                if not any(isinstance(e, TokenStep) for e in batch):
+                if not any(isinstance(e, TokenStep | TensorResult) for e in batch):
                     yield KeepAlive(rid)
                 continue
             self.finished = True
@@ -313,6 +327,7 @@ class RequestRun:
                 cached_prompt_tokens=backend.cached_prompt_tokens,
                 completion_tokens=completion,
                 chunks=chunks,
+                tensors=num_tensors,
                 timings_ms=backend.timings_ms,
                 conductor_times=backend.conductor_times,
                 warnings=self._warnings,
@@ -365,4 +380,5 @@ class RequestRun:
         )
 
     def _check_fits(self, field: str) -> None:
-        caps.check_prompt_fits(self.prompt_tokens, self._deps.model.context_length, field)
+        output_tokens = 0 if self.spec.embedding is not None else 1
+        caps.check_prompt_fits(self.prompt_tokens, self._deps.model.context_length, field, output_tokens)
