@@ -95,7 +95,8 @@ def check_prompt_fits(prompt_tokens: int, context_length: int, field: str, outpu
 def check_embedding(e: EmbeddingSpec, hidden_size: int, surface: str) -> None:
     """`dimensions` at most the model's hidden size (when known; the engine checks it too)."""
     if e.dimensions is not None and hidden_size and not 1 <= e.dimensions <= hidden_size:
-        field = "dimensions" if surface == EMBEDDINGS else "input.model_kwargs.embedding.dimensions"
+        root = "start" if surface == "Session" else "input"
+        field = "dimensions" if surface == EMBEDDINGS else f"{root}.model_kwargs.embedding.dimensions"
         raise invalid_argument(field, f"must be in [1, {hidden_size}] (the model's hidden size)")
 
 

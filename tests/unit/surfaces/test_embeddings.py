@@ -113,3 +113,51 @@ def test_the_first_failure_ends_the_call_and_cancels_the_rest(model):
 def test_schema_is_published(runner):
     assert "embeddings" in embeddings.__name__
     assert dumps(embeddings.EmbeddingBody.model_json_schema())  # docs/schemas/embeddings.json
+
+
+def test_native_embedding_requests_read_output_modalities(runner):
+    from mstar.v1 import messages_pb2 as pb
+
+    from services.preprocess import wire
+    from services.preprocess.request import EmbeddingSpec
+
+    def spec(surface="GenerateStream", **kwargs):
+        return wire.request_spec(pb.PreprocessInput(text="hi", **kwargs), surface)
+
+    assert spec().embedding is None
+    assert spec(output_modalities=[pb.MODALITY_EMBEDDING]).embedding == EmbeddingSpec(None)
+    dims = pb.ModelKwargs(embedding=pb.EmbeddingParams(dimensions=8))
+    assert spec(output_modalities=[pb.MODALITY_EMBEDDING], model_kwargs=dims).embedding == EmbeddingSpec(8)
+    for kwargs, field in [
+        ({"output_modalities": [pb.MODALITY_EMBEDDING, pb.MODALITY_TEXT]}, "start.output_modalities"),
+        ({"output_modalities": [pb.MODALITY_EMBEDDING],
+          "model_kwargs": pb.ModelKwargs(sampling=pb.SamplingParams(max_tokens=3))}, "start.model_kwargs.sampling"),
+    ]:
+        with pytest.raises(MstarError) as info:
+            spec("Session", **kwargs)
+        assert info.value.metadata["field"] == field
+    too_wide = pb.ModelKwargs(embedding=pb.EmbeddingParams(dimensions=577))
+    request = spec("Session", output_modalities=[pb.MODALITY_EMBEDDING], model_kwargs=too_wide)
+    with pytest.raises(MstarError) as info:
+        collect_native(request, runner)
+    assert info.value.metadata["field"] == "start.model_kwargs.embedding.dimensions"
+    events = collect_native(spec(output_modalities=[pb.MODALITY_EMBEDDING], model_kwargs=dims), runner)
+    kinds = [type(e).__name__ for e in events]
+    assert kinds[0] == "Accepted" and kinds[-1] == "Complete" and kinds.count("Tensor") == 1
+    tensor = next(e for e in events if type(e).__name__ == "Tensor")
+    assert tensor.shape == (8,) and events[-1].tensors == 1 and events[-1].completion_tokens == 0
+    assert [(c.modality, c.chunks) for c in wire.complete(events[-1]).output_chunk_counts] == [
+        (pb.MODALITY_EMBEDDING, 1)]
+
+
+def collect_native(spec, runner):
+    import asyncio
+
+    async def go():
+        scope = runner.scope()
+        try:
+            return [event async for event in scope.run(spec)]
+        finally:
+            scope.close()
+
+    return asyncio.run(go())
