@@ -267,8 +267,7 @@ class Engine:
             if t.preempted_at is not None:
                 t.preempted_s += now - t.preempted_at
                 t.preempted_at = None
-        result = self.runner.run(batch.seqs, batch.num_new_tokens, sampling, pooling) if any(pooling) \
-            else self.runner.run(batch.seqs, batch.num_new_tokens, sampling)
+        result = self.runner.run(batch.seqs, batch.num_new_tokens, sampling, pooling)
         done = time.monotonic()
         self.num_steps += 1
         out.num_batched_tokens = batch.num_tokens
