@@ -44,6 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="auto = bfloat16 on CUDA, float32 on CPU (bit-parity with HF); bfloat16 on CPU decodes ~1.3-2x faster")
     p.add_argument("--quantization", default="none", choices=["none", "gguf"],
                    help="gguf: run a GGUF's Q4_0/Q4_1 weights as 4-bit (CPU, implies --dtype bfloat16); ~2x bf16 at 1 stream")
+    p.add_argument("--embedding-pooling", default="mean", choices=["mean", "last"],
+                   help="how embedding requests pool the final hidden states of their prompt (docs/design.md)")
     p.add_argument("--kv-blocks", type=int, default=1024)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=64)
@@ -75,7 +77,7 @@ def build_runner(args):
 
     checkpoint = load_checkpoint(args.model, keep_q4=args.quantization == "gguf")
     config = RunnerConfig(args.kv_blocks, args.block_size, args.device, args.threads, dtype=args.dtype,
-                          quantization=args.quantization)
+                          quantization=args.quantization, pooling=args.embedding_pooling)
     return ModelRunner(checkpoint, config)
 
 

@@ -147,12 +147,21 @@ class Transformer:
 
     def forward(self, input_ids: torch.Tensor, meta: StepMetadata, kv_cache: KVCache) -> torch.Tensor:
         """input_ids [T] int64 -> logits [S, V] fp32 at meta.logits_indices."""
+        return self.logits(self.final_hidden(input_ids, meta, kv_cache))
+
+    def final_hidden(self, input_ids: torch.Tensor, meta: StepMetadata, kv_cache: KVCache) -> torch.Tensor:
+        """input_ids [T] int64 -> hidden states [S, H] after the final norm at meta.logits_indices
+        (what the lm_head reads; embedding requests pool them)."""
         h = F.embedding(input_ids, self.embed_tokens)  # [T, H]
         residual = None
         for i, block in enumerate(self.blocks):
             h, residual = block(h, residual, meta, self.cos_sin, kv_cache.k[i], kv_cache.v[i])
         rows = meta.logits_indices
         x, _ = self.ops.rms_norm(h[rows], self.norm, self.config.rms_norm_eps, residual[rows])  # [S, H]
+        return x
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [S, H] -> logits [S, V] fp32."""
         if x.device.type != "cpu" or x.dtype != torch.float32:
             return F.linear(x, self.lm_head).float()  # [S, V]
         # CPU fp32: the [V, H] head (113 MB for SmolLM2) in 2048-row slices stays cache-friendly:
