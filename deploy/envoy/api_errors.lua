@@ -1,6 +1,6 @@
 -- Reshapes error responses of the HTTP API surfaces into each API's own error shape:
 --   openai     {"error": {"message", "type", "code", "param"}}   (chat/completions, completions,
---              responses, models, tokenize)
+--              embeddings, responses, models, tokenize)
 --   anthropic  {"type": "error", "error": {"type", "message"}}   (messages, messages/count_tokens)
 -- deploy/envoy/render.py renders one named copy per shape by setting SHAPE below; routes pick
 -- theirs with LuaPerRoute `name`.

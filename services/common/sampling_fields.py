@@ -28,7 +28,8 @@ COMPLETIONS = "completions"
 MESSAGES = "messages"
 RESPONSES = "responses"
 TOKENIZE = "tokenize"  # /tokenize: no sampling fields
-SCHEMES = (NATIVE, CHAT, COMPLETIONS, MESSAGES, RESPONSES, TOKENIZE)
+EMBEDDINGS = "embeddings"  # /v1/embeddings: no sampling fields
+SCHEMES = (NATIVE, CHAT, COMPLETIONS, MESSAGES, RESPONSES, TOKENIZE, EMBEDDINGS)
 NATIVE_SURFACES = ("Generate", "GenerateStream", "Session")
 
 

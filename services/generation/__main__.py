@@ -55,6 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    default=os.environ.get("MSTAR_COMPILE", "1") != "0",
                    help="run every step eagerly (debugging; also MSTAR_COMPILE=0); default: compiled code "
                         "built at warm-up (services/generation/compiled_step.py)")
+    p.add_argument("--embedding-pooling", default="mean", choices=["mean", "last"],
+                   help="how embedding requests pool the final hidden states of their prompt (docs/design.md)")
     p.add_argument("--kv-blocks", type=int, default=1024)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=64)
@@ -89,7 +91,7 @@ def build_runner(args):
     t1 = time.monotonic()
     config = RunnerConfig(args.kv_blocks, args.block_size, args.device, args.threads, dtype=args.dtype,
                           quantization=args.quantization, kernels=args.kernels, compile=args.compile,
-                          max_num_seqs=args.max_num_seqs)
+                          max_num_seqs=args.max_num_seqs, pooling=args.embedding_pooling)
     runner = ModelRunner(checkpoint, config)
     t2 = time.monotonic()
     runner.warm_up()  # compiled decode graphs: part of readiness

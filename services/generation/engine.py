@@ -17,6 +17,12 @@ compiled by grammar/compiler.py on its own thread; the request prefills meanwhil
 sample until the compile is done (a "grammar" command wakes the loop). Then each sampled token
 advances its matcher; the grammar accepting a stop token (or completing, when the model has none)
 finishes the request with reason stop. See docs/design.md "Structured output".
+
+Embeddings (SamplingParams.embedding): a prefill-only request. The step that computes its last
+prompt token pools (the runner returns that row's final hidden state, normalized) instead of
+sampling; the request then finishes in the same step (a TensorEvent, then its Completion with no
+output tokens) and its blocks go back. It is scheduled like any prefill, so it shares steps with
+generation traffic. See docs/design.md "Embeddings".
 """
 
 from __future__ import annotations
@@ -42,10 +48,11 @@ from services.generation.outputs import (
     Completion,
     Failure,
     StepOutput,
+    TensorEvent,
     TokenEvent,
 )
 from services.generation.request_checks import check_input_end, check_prompt_tokens
-from services.generation.sampling_params import SamplingParams, validate_sampling_params
+from services.generation.sampling_params import SamplingParams, validate_embedding, validate_sampling_params
 from services.generation.scheduler import Scheduler, SchedulerConfig
 from services.generation.sequence import Sequence, SequenceStatus, Timing
 from services.generation.stats import EngineStats
@@ -189,8 +196,11 @@ class Engine:
             return
         message = validate_sampling_params(params, self.runner.vocab_size)
         error = errors.invalid_argument("sampling", message) if message else None
+        message = None if error else validate_embedding(params, self.runner.hidden_size)
+        error = error or (errors.invalid_argument("embedding", message) if message else None)
         error = error or self.grammars.check(params)
-        error = error or check_prompt_tokens(token_ids, len(token_ids), self.runner, self.block_manager)
+        error = error or check_prompt_tokens(token_ids, len(token_ids), self.runner, self.block_manager,
+                                             output_tokens=0 if params.embedding is not None else 1)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         seq = Sequence(key, self._next_seq_id, token_ids, params, seed, Timing(arrival, arrival), input_done)
         if error is None and input_done:
@@ -219,7 +229,8 @@ class Engine:
         if seq.is_input_done:
             self._fail(out, seq, errors.failed_precondition(f"request {key!r}: input already ended", "INPUT_ENDED"))
             return
-        error = check_prompt_tokens(token_ids, seq.num_prompt_tokens + len(token_ids), self.runner, self.block_manager)
+        error = check_prompt_tokens(token_ids, seq.num_prompt_tokens + len(token_ids), self.runner, self.block_manager,
+                                    output_tokens=0 if seq.is_embedding else 1)
         if error is None:
             seq.append_prompt(token_ids)
             if input_done:
@@ -245,7 +256,10 @@ class Engine:
                 f"request {seq.key!r} needs more KV blocks than the pool has", "KV_CACHE_TOO_SMALL", None))
         if not batch:
             return bool(batch.preempted or batch.unfittable)
-        sampling = [seq.is_sampling_step(n) for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True)]
+        ends = [seq.is_sampling_step(n) for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True)]
+        # An embedding request pools where a generation request samples, and then it is done.
+        pooling = [end and seq.is_embedding for seq, end in zip(batch.seqs, ends, strict=True)]
+        sampling = [end and not pool for end, pool in zip(ends, pooling, strict=True)]
         for seq in batch.seqs:
             t = seq.timing
             if t.first_scheduled is None:
@@ -253,17 +267,21 @@ class Engine:
             if t.preempted_at is not None:
                 t.preempted_s += now - t.preempted_at
                 t.preempted_at = None
-        result = self.runner.run(batch.seqs, batch.num_new_tokens, sampling)
+        result = self.runner.run(batch.seqs, batch.num_new_tokens, sampling, pooling)
         done = time.monotonic()
         self.num_steps += 1
         out.num_batched_tokens = batch.num_tokens
         self.stats.num_batched_tokens_total += batch.num_tokens
-        row = 0
-        for seq, n, is_sampling in zip(batch.seqs, batch.num_new_tokens, sampling, strict=True):
+        row = pooled = 0
+        for seq, n, is_sampling, is_pooling in zip(batch.seqs, batch.num_new_tokens, sampling, pooling, strict=True):
             if seq.is_prefill_step():
                 seq.timing.prefill_s += done - now
             seq.num_computed_tokens += n
             self.block_manager.register_computed_blocks(seq)
+            if is_pooling:
+                data, pooled = result.embeddings[pooled], pooled + 1
+                self._end_embedding(out, seq, data)
+                continue
             if not is_sampling:
                 out.prefilling.append(seq.key)
                 continue
@@ -286,6 +304,15 @@ class Engine:
             if reason is not None:
                 self._finish(out, seq, reason)
         return True
+
+    def _end_embedding(self, out: StepOutput, seq: Sequence, data: bytes | None) -> None:
+        """An embedding request's prefill is done: its vector, then its end (blocks freed now)."""
+        if data is None:
+            self._fail(out, seq, errors.internal(
+                f"request {seq.key!r}: the model produced a non-finite hidden state", "NON_FINITE_LOGITS"))
+            return
+        out.tensors.append(TensorEvent(seq.key, data, (len(data) // 4,)))
+        self._finish(out, seq, FINISH_STOP)
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         if token in seq.params.stop_token_ids or (not seq.params.ignore_eos and token in self.runner.eos_token_ids):

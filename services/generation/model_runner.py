@@ -36,10 +36,27 @@ class RunnerConfig:
     kernels: str = "auto"  # auto | cpu | reference (the HF oracle) | triton
     compile: bool = True  # the step as compiled code (compiled_step.py); False: eager
     max_num_seqs: int = 64  # the largest decode batch a graph must hold
+    # How an embedding request pools the final hidden states (after the final norm) of its prompt:
+    # mean (every prompt token; the default, see docs/design.md "Embeddings") or last (the last token).
+    pooling: str = "mean"
+
+
+POOLINGS = ("mean", "last")
+
+
+def normalized(pooled: torch.Tensor, dimensions: int | None) -> bytes | None:
+    """An embedding from a pooled hidden state [H]: its first `dimensions` values (all when None),
+    L2-normalized in fp32, as float32 little-endian bytes; None when it is not finite."""
+    x = pooled.float()[:dimensions]
+    if not bool(torch.isfinite(x).all()):
+        return None
+    return torch.nn.functional.normalize(x, dim=-1).cpu().numpy().astype("<f4").tobytes()
 
 
 class ModelRunner:
     def __init__(self, checkpoint: Checkpoint, config: RunnerConfig):
+        if config.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}; got {config.pooling!r}")
         self.config = config
         self.model_config = checkpoint.config
         self.vocabulary = checkpoint.vocabulary  # for structured output (the engine's grammar compiler)
@@ -82,8 +99,13 @@ class ModelRunner:
     def max_model_len(self) -> int:
         return self.model_config.max_position_embeddings
 
-    def prepare(self, seqs: list[Sequence], num_new_tokens: list[int], sampling: list[bool]):
-        """Step tensors for seqs computing num_new_tokens each; logits at the sampling ones' last row."""
+    @property
+    def hidden_size(self) -> int:
+        return self.model_config.hidden_size
+
+    def prepare(self, seqs: list[Sequence], num_new_tokens: list[int], sampling: list[bool] | list[int]):
+        """Step tensors for seqs computing num_new_tokens each; final hidden states (and logits) at
+        the last sampling[i] rows of seq i (True = its last row, False = none)."""
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -102,8 +124,7 @@ class ModelRunner:
                 slots.extend(range(base + lo, base + hi))
             cu_seqlens.append(cu_seqlens[-1] + n)
             context_lens.append(end)
-            if is_sampling:
-                logits_indices.append(cu_seqlens[-1] - 1)
+            logits_indices.extend(range(cu_seqlens[-1] - int(is_sampling), cu_seqlens[-1]))
         width = max(len(s.block_table) for s in seqs)
         tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
         dev = self.device
@@ -125,14 +146,44 @@ class ModelRunner:
         return self.model.forward(input_ids, meta, self.kv_cache)
 
     @torch.inference_mode()
-    def run(self, seqs: list[Sequence], num_new_tokens: list[int], sampling: list[bool]) -> SampleOutput:
-        """Compute the scheduled tokens; sample one token for each seq with sampling[i] True."""
-        input_ids, meta = self.prepare(seqs, num_new_tokens, sampling)
-        logits = self.forward(input_ids, meta)  # [S, V]
-        sampled = [s for s, is_sampling in zip(seqs, sampling, strict=True) if is_sampling]
-        if not sampled:
-            return SampleOutput([], [], [])
-        return self.sampler(logits, sampled)
+    def run(self, seqs: list[Sequence], num_new_tokens: list[int], sampling: list[bool],
+            pooling: list[bool] | None = None) -> SampleOutput:
+        """Compute the scheduled tokens; sample one token for each seq with sampling[i] True, and
+        return the embedding of each seq with pooling[i] True (an embedding request whose prompt
+        ends in this step). Mean pooling adds every step's rows of an embedding request to its
+        running sum (seq.pooled), so chunked prefill pools exactly the rows a single pass would."""
+        if not any(seq.is_embedding for seq in seqs):  # the generation path: compiled when warm
+            input_ids, meta = self.prepare(seqs, num_new_tokens, sampling)
+            logits = self.forward(input_ids, meta)  # [S, V]
+            sampled = [s for s, is_sampling in zip(seqs, sampling, strict=True) if is_sampling]
+            return self.sampler(logits, sampled) if sampled else SampleOutput([], [], [])
+        pooling = pooling or [False] * len(seqs)
+        mean = self.config.pooling == "mean"
+        rows = [n if seq.is_embedding and mean else int(is_sampling or is_pooling)
+                for seq, n, is_sampling, is_pooling in zip(seqs, num_new_tokens, sampling, pooling, strict=True)]
+        input_ids, meta = self.prepare(seqs, num_new_tokens, rows)
+        # Eager, also for the generation rows sharing this step: the compiled step returns logits,
+        # and an embedding request needs final hidden states (every prompt row, for mean pooling).
+        # Only steps that hold an embedding request's prompt chunk take this path; grammar masks
+        # are applied by the sampler after the logits either way.
+        hidden = self.model.final_hidden(input_ids, meta, self.kv_cache)  # [sum(rows), H]
+        sample_rows, sampled, embeddings, end = [], [], [], 0
+        for seq, k, is_sampling, is_pooling in zip(seqs, rows, sampling, pooling, strict=True):
+            end += k
+            if not seq.is_embedding:
+                if is_sampling:
+                    sample_rows.append(end - 1)
+                    sampled.append(seq)
+                continue
+            if mean and k:
+                chunk = hidden[end - k:end].float().sum(dim=0)
+                seq.pooled = chunk if seq.pooled is None else seq.pooled + chunk
+            if is_pooling:
+                pooled = seq.pooled / seq.num_prompt_tokens if mean else hidden[end - 1]
+                embeddings.append(normalized(pooled, seq.params.embedding.dimensions))
+        out = self.sampler(self.model.logits(hidden[sample_rows]), sampled) if sampled else SampleOutput([], [], [])
+        out.embeddings = embeddings
+        return out
 
     def clear_blocks(self, block_ids: list[int]) -> None:
         with torch.inference_mode():

@@ -22,6 +22,15 @@ class TokenEvent:
 
 
 @dataclass
+class TensorEvent:
+    """An embedding request's result: float32 little-endian bytes of shape `shape`."""
+
+    key: Hashable
+    data: bytes
+    shape: tuple[int, ...]
+
+
+@dataclass
 class Completion:
     key: Hashable
     finish_reason: str
@@ -56,8 +65,10 @@ class StepOutput:
     # Requests that only prefilled in this step (a chunk of a long or still-streaming prompt):
     # no token yet, but progress (the servicer sends them a SIGNAL_HEARTBEAT frame).
     prefilling: list[Hashable] = field(default_factory=list)
+    # Embeddings of the requests that finished prefilling in this step (each also in `completed`).
+    tensors: list[TensorEvent] = field(default_factory=list)
     completed: list[Completion] = field(default_factory=list)
     failed: list[Failure] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.tokens or self.prefilling or self.completed or self.failed)
+        return bool(self.tokens or self.prefilling or self.tensors or self.completed or self.failed)

@@ -13,18 +13,21 @@ from services.generation.block_manager import BlockManager
 from services.generation.sequence import Sequence
 
 
-def check_prompt_tokens(token_ids: list[int], num_prompt_tokens: int, runner, block_manager: BlockManager):
-    """Error for new prompt tokens (out of vocabulary, prompt too long), or None."""
+def check_prompt_tokens(token_ids: list[int], num_prompt_tokens: int, runner, block_manager: BlockManager,
+                        output_tokens: int = 1):
+    """Error for new prompt tokens (out of vocabulary, prompt too long), or None. `output_tokens`:
+    the room the prompt must leave in the context (0 for an embedding, which generates nothing)."""
     vocab = runner.vocab_size
     if token_ids and (min(token_ids) < 0 or max(token_ids) >= vocab):
         bad = next(t for t in token_ids if not 0 <= t < vocab)
         return errors.invalid_argument(
             "prompt_token_ids", f"token id {bad} is outside the vocabulary [0, {vocab})", "TOKEN_OUT_OF_VOCAB"
         )
-    if num_prompt_tokens >= runner.max_model_len:
+    if num_prompt_tokens + output_tokens > runner.max_model_len:
         return errors.invalid_argument(
             "prompt_token_ids",
-            f"prompt has {num_prompt_tokens} tokens; the context holds {runner.max_model_len} including output",
+            f"prompt has {num_prompt_tokens} tokens; the context holds {runner.max_model_len}"
+            + (" including output" if output_tokens else ""),
             "PROMPT_TOO_LONG",
         )
     if num_prompt_tokens > block_manager.num_tokens:
@@ -41,6 +44,9 @@ def check_input_end(seq: Sequence, runner, block_manager: BlockManager):
     n = seq.num_prompt_tokens
     if n == 0:
         return errors.invalid_argument("prompt_token_ids", "the prompt is empty", "EMPTY_PROMPT")
+    if seq.is_embedding:
+        seq.max_tokens = 0  # prefill only: nothing is generated, so the prompt alone must fit
+        return None
     room = runner.max_model_len - n  # >= 1: check_prompt_tokens ran on every chunk
     # The last output token is never fed back, so the pool must hold prompt + max_tokens - 1.
     pool_room = block_manager.num_tokens - n + 1

@@ -17,7 +17,7 @@ Per row (one per sequence that samples this step), in order:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,6 +38,9 @@ class SampleOutput:
     token_ids: list[int]  # one per row
     logprobs: list[TokenLogprobs | None]  # one per row; None where not asked
     is_finite: list[bool]  # False: the row's logits had NaN/Inf; its token is meaningless
+    # One per pooling row (the runner's `pooling` flags, in order): the normalized embedding as
+    # float32 little-endian bytes, or None when the hidden state was not finite.
+    embeddings: list[bytes | None] = field(default_factory=list)
 
 
 class Sampler:

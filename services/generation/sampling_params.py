@@ -20,6 +20,15 @@ def _default(name: str):
     return FIELDS[name].default
 
 
+@dataclass(frozen=True)
+class Embedding:
+    """Prefill only: the request returns its pooled final hidden state instead of sampling (the
+    model runner pools the last prompt token's row after the final norm, keeps the first
+    `dimensions` values and L2-normalizes them; docs/design.md "Embeddings")."""
+
+    dimensions: int | None = None  # None = the model's hidden size
+
+
 @dataclass
 class SamplingParams:
     temperature: float = _default("temperature")  # 0 = greedy
@@ -37,6 +46,9 @@ class SamplingParams:
     # None = free text; else the output must match this grammar (common/structured_output.py). It is
     # checked by the engine (validate_structured_output), which names the offending part.
     structured_output: StructuredOutput | None = None
+    # None = generate; else an embedding request: it ends (finish reason stop, no output token)
+    # in the step that computes its last prompt token, and its KV blocks are freed in that step.
+    embedding: Embedding | None = None
 
     @property
     def has_penalties(self) -> bool:
@@ -66,4 +78,16 @@ def validate_sampling_params(p: SamplingParams, vocab_size: int) -> str | None:
         return f"sampling.top_k must be in [0, {vocab_size}], got {p.top_k!r}"
     if not all(isinstance(t, int) and 0 <= t < vocab_size for t in p.stop_token_ids):
         return f"sampling.stop_token_ids must be token ids in [0, {vocab_size})"
+    return None
+
+
+def validate_embedding(p: SamplingParams, hidden_size: int) -> str | None:
+    """An error message naming the bad embedding field, or None (also for a generation request)."""
+    e = p.embedding
+    if e is None:
+        return None
+    if e.dimensions is not None and not (isinstance(e.dimensions, int) and 1 <= e.dimensions <= hidden_size):
+        return f"embedding.dimensions must be in [1, {hidden_size}] (the model's hidden size), got {e.dimensions!r}"
+    if p.structured_output is not None:
+        return "embedding: an embedding request cannot carry structured_output"
     return None

@@ -126,7 +126,9 @@ class Scheduler:
             if seq.num_schedulable_tokens == 0:
                 skipped.append(self.waiting.popleft())
                 continue
-            num_cached = self.block_manager.allocate_cached_prefix(seq)
+            # An embedding request pools the hidden states of every prompt token, which cached
+            # blocks do not hold: it computes them all (its own blocks still feed the cache).
+            num_cached = 0 if seq.is_embedding else self.block_manager.allocate_cached_prefix(seq)
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = num_cached
             n = min(seq.num_schedulable_tokens, budget)

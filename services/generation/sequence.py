@@ -63,6 +63,9 @@ class Sequence:
     # torch- and xgrammar-free); is_waiting_for_grammar while the compile runs.
     grammar: Any = None
     is_waiting_for_grammar: bool = False
+    # Embedding requests with mean pooling: the model runner's running sum of the final hidden
+    # states of the prompt tokens computed so far (a tensor; typed Any to stay torch-free).
+    pooled: Any = None
 
     def __post_init__(self):
         self.num_prompt_tokens = len(self.token_ids)
@@ -90,6 +93,11 @@ class Sequence:
         """True when computing num_new_tokens more reaches the end of a complete input."""
         return self.is_input_done and self.num_computed_tokens + num_new_tokens == len(self.token_ids)
 
+    @property
+    def is_embedding(self) -> bool:
+        """Prefill only: the step that computes its last prompt token pools instead of sampling."""
+        return self.params.embedding is not None
+
     def is_prefill_step(self) -> bool:
         return self.num_computed_tokens < self.num_prompt_tokens
 
@@ -104,4 +112,5 @@ class Sequence:
         """Preempted: its blocks were taken back; it will prefill prompt + output again."""
         self.num_computed_tokens = 0
         self.block_table = []
+        self.pooled = None  # the recompute pools every prompt token again
         self.status = SequenceStatus.WAITING

@@ -90,16 +90,18 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
         self._loop.call_soon_threadsafe(self._dispatch, out)
 
     def _dispatch(self, out: StepOutput) -> None:
-        per_stream: dict[int, tuple[list, list, list]] = {}
+        per_stream: dict[int, tuple[list, list, list, list]] = {}
         for row in out.tokens:
-            per_stream.setdefault(row.key[0], ([], [], []))[0].append(row)
+            per_stream.setdefault(row.key[0], ([], [], [], []))[0].append(row)
         for key in out.prefilling:
-            per_stream.setdefault(key[0], ([], [], []))[1].append(key[1])
+            per_stream.setdefault(key[0], ([], [], [], []))[1].append(key[1])
+        for item in out.tensors:
+            per_stream.setdefault(item.key[0], ([], [], [], []))[2].append(item)
         for item in out.completed:
-            per_stream.setdefault(item.key[0], ([], [], []))[2].append((item.key[1], wire.request_complete, item))
+            per_stream.setdefault(item.key[0], ([], [], [], []))[3].append((item.key[1], wire.request_complete, item))
         for item in out.failed:
-            per_stream.setdefault(item.key[0], ([], [], []))[2].append((item.key[1], wire.failure, item))
-        for stream_id, (rows, prefilling, ends) in per_stream.items():
+            per_stream.setdefault(item.key[0], ([], [], [], []))[3].append((item.key[1], wire.failure, item))
+        for stream_id, (rows, prefilling, tensors, ends) in per_stream.items():
             stream = self._streams.get(stream_id)
             if stream is None:
                 continue  # the stream is gone; its requests were aborted
@@ -110,6 +112,7 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
             frames = [wire.result_tokens(out.step, rows, out.num_batched_tokens)] if rows else []
             if prefilling:
                 frames.append(wire.heartbeat(out.step, prefilling, out.num_batched_tokens))
+            frames.extend(wire.result_tensors(t) for t in tensors if t.key[1] in stream.active)
             for request_id, to_frame, item in ends:
                 if request_id in stream.active:
                     stream.active.discard(request_id)

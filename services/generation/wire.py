@@ -16,9 +16,10 @@ from services.generation.outputs import (
     FINISH_STOP,
     Completion,
     Failure,
+    TensorEvent,
     TokenEvent,
 )
-from services.generation.sampling_params import SamplingParams
+from services.generation.sampling_params import Embedding, SamplingParams
 from services.generation.stats import COUNTER, KINDS
 
 _FINISH = {FINISH_STOP: pb.FINISH_REASON_STOP, FINISH_LENGTH: pb.FINISH_REASON_LENGTH,
@@ -58,12 +59,23 @@ def sampling_params_of(kwargs: pb.ModelKwargs) -> SamplingParams:
     return p
 
 
+def embedding_of(msg: pb.PreprocessInput) -> Embedding | None:
+    """output_modalities [MODALITY_EMBEDDING]: a prefill-only request that returns its embedding."""
+    if pb.MODALITY_EMBEDDING not in msg.output_modalities:
+        return None
+    if any(m != pb.MODALITY_EMBEDDING for m in msg.output_modalities):
+        raise errors.invalid_argument("output_modalities", "MODALITY_EMBEDDING cannot be combined with other outputs")
+    e = msg.model_kwargs.embedding
+    return Embedding(dimensions=e.dimensions if e.HasField("dimensions") else None)
+
+
 def request_of(msg: pb.PreprocessInput) -> tuple[list[int], SamplingParams, bool]:
     """(prompt token ids, sampling params, input_done) of a PreprocessInput."""
     if msg.text or msg.messages:
         raise errors.invalid_argument("text", "the generation service takes token ids, not text")
     ids = token_ids_of(msg.prompt_parts, "prompt_parts")
     params = sampling_params_of(msg.model_kwargs)
+    params.embedding = embedding_of(msg)
     input_done = pb.MODALITY_TOKENS not in msg.input_modalities or pb.MODALITY_TOKENS in msg.ends
     return ids, params, input_done
 
@@ -102,6 +114,16 @@ def heartbeat(step: int, request_ids: list[str], num_batched_tokens: int) -> gen
         signal=gen_pb2.SIGNAL_HEARTBEAT,
         modality=pb.MODALITY_TOKENS,
         metadata={"batch_tokens": str(num_batched_tokens)},
+    ))
+
+
+def result_tensors(t: TensorEvent) -> gen_pb2.ServerFrame:
+    """An embedding: float32, little-endian, row-major (the Tensor contract), from the final norm."""
+    return gen_pb2.ServerFrame(result_tensors=pb.ResultTensors(
+        request_id=t.key[1],
+        modality=pb.MODALITY_EMBEDDING,
+        tensor=pb.Tensor(dtype=pb.D_TYPE_FLOAT32, shape=list(t.shape), data=t.data),
+        edge=pb.GraphEdge(from_node="model.norm", to_node="pooler"),
     ))
 
 

@@ -53,10 +53,11 @@ from services.preprocess.backend_events import (
     BackendFailed,
     BackendFinished,
     Heartbeat,
+    TensorResult,
     TokenStep,
     finished_event,
 )
-from services.preprocess.request import Sampling, TokenLogprobs
+from services.preprocess.request import EmbeddingSpec, Sampling, TokenLogprobs
 from services.preprocess.wire import sampling_pb
 
 log = logging.getLogger(__name__)
@@ -157,7 +158,7 @@ class BackendRequest:
                 self.queue.get_nowait()
         if terminal:
             self.ended = True
-        elif isinstance(event, TokenStep):
+        elif isinstance(event, TokenStep | TensorResult):
             self.tokens_received = True  # from now on a lost stream fails the request (no retry)
         self.queue.put_nowait(event)  # a terminal event always fits: the spare slot
 
@@ -236,7 +237,8 @@ class GenerationBackend:
             client_request_id=request.request_id,
             prompt_parts=[pb.PromptPart(modality=pb.MODALITY_TOKENS, token_ids=pb.TokenIds(ids=request.prompt_ids))],
             input_modalities=[pb.MODALITY_TOKENS] if request.input_open else [],
-            output_modalities=[pb.MODALITY_TOKENS],
+            output_modalities=[pb.MODALITY_EMBEDDING if request.model_kwargs.HasField("embedding")
+                               else pb.MODALITY_TOKENS],
             model_kwargs=request.model_kwargs,
             trace_context=request.trace_context,
         )
@@ -357,6 +359,11 @@ class GenerationBackend:
                 request = self._requests.pop(done.request_id, None)
                 if request is not None:
                     request.deliver(finished_event(done))
+            elif kind == "result_tensors":
+                result = frame.result_tensors
+                request = self._requests.get(result.request_id)
+                if request is not None:
+                    request.deliver(TensorResult(result.tensor.data, tuple(result.tensor.shape)))
             elif kind == "conductor_status":
                 if self._on_status is not None:
                     self._on_status(frame.conductor_status)
@@ -440,3 +447,12 @@ def engine_kwargs(s: Sampling, max_tokens: int) -> pb.ModelKwargs:
     above this layer)."""
     engine_side = replace(s, stop=(), include_stop=False, max_tokens=max_tokens, n=1)
     return pb.ModelKwargs(sampling=sampling_pb(engine_side))
+
+
+def embedding_kwargs(e: EmbeddingSpec) -> pb.ModelKwargs:
+    """What the engine is told about an embedding request (output_modalities [MODALITY_EMBEDDING])."""
+    params = pb.EmbeddingParams()
+    if e.dimensions is not None:
+        params.dimensions = e.dimensions
+    return pb.ModelKwargs(embedding=params)
+

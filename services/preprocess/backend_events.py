@@ -24,6 +24,14 @@ class TokenStep:
 
 
 @dataclass(frozen=True)
+class TensorResult:
+    """An embedding request's vector (ResultTensors): float32 little-endian bytes."""
+
+    data: bytes
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Heartbeat:
     """The engine is alive and still working on this request (long prefill)."""
 
@@ -42,8 +50,7 @@ class BackendFailed:
     error: MstarError
 
 
-BackendEvent = TokenStep | Heartbeat | BackendFinished | BackendFailed
-
+BackendEvent = TokenStep | TensorResult | Heartbeat | BackendFinished | BackendFailed
 
 
 def finished_event(done: pb.RequestComplete) -> BackendFinished:

@@ -25,6 +25,7 @@ from services.preprocess import client
 from services.preprocess.runner import RequestRunner
 from services.preprocess.surfaces.anthropic import endpoints as anthropic
 from services.preprocess.surfaces.http import Frame, HttpRequest
+from services.preprocess.surfaces.openai import embeddings
 from services.preprocess.surfaces.openai import endpoints as openai
 from services.preprocess.surfaces.responses.endpoints import ResponsesApi
 from services.preprocess.surfaces.vllm import endpoints as vllm
@@ -87,6 +88,10 @@ class HttpRoutes:
     async def CreateCompletion(self, request, context):
         async for out in self._stream(openai.completions, context, request.data, request.content_type):
             yield out
+
+    async def CreateEmbedding(self, request, context):
+        return await self._unary(embeddings.create_embedding, context, body=request.data,
+                                 content_type=request.content_type)
 
     async def ListOpenAIModels(self, request, context):
         return await self._unary(openai.list_models, context, args=(self.created,))

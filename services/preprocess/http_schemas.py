@@ -14,6 +14,7 @@ from pathlib import Path
 
 from services.preprocess.surfaces.anthropic.body import CountTokensBody, MessagesBody
 from services.preprocess.surfaces.openai.body import ChatBody, CompletionBody
+from services.preprocess.surfaces.openai.embeddings import EmbeddingBody
 from services.preprocess.surfaces.responses.body import ResponsesBody
 from services.preprocess.surfaces.vllm.body import DetokenizeBody, TokenizeBody
 
@@ -21,6 +22,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 BODIES = {
     "chat.completions": ChatBody,
     "completions": CompletionBody,
+    "embeddings": EmbeddingBody,
     "messages": MessagesBody,
     "messages.count_tokens": CountTokensBody,
     "responses": ResponsesBody,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.sampling_fields import CHAT, COMPLETIONS, MESSAGES, RESPONSES, TOKENIZE
+from services.common.sampling_fields import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, RESPONSES, TOKENIZE
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ _BY_SURFACE = {
     MESSAGES: InputNames("messages", "messages", "messages", "messages"),
     RESPONSES: InputNames("input", "input", "input", "input"),
     TOKENIZE: InputNames("prompt", "messages", "prompt", "prompt"),
+    EMBEDDINGS: InputNames("input", "input", "input", "input", flat_parts=True),
 }
 
 

@@ -28,6 +28,9 @@ class ModelSpec:
     context_length: int
     tokenizer: Tokenizer
     chat_template: ChatTemplate | None
+    # Width of the final hidden states (an embedding's most dimensions); 0 = unknown (the
+    # generation service still checks).
+    hidden_size: int = 0
     # Input modalities the model accepts, lower-case names ("text", "image", ...).
     input_modalities: frozenset[str] = field(default_factory=lambda: frozenset({TEXT}))
 
@@ -50,7 +53,7 @@ def read_gguf_metadata(path: Path) -> dict:
     reader = GGUFReader(str(path))
     out: dict = {}
     for key, value in reader.fields.items():
-        if key.startswith(("tokenizer.", "general.")) or key.endswith(".context_length"):
+        if key.startswith(("tokenizer.", "general.")) or key.endswith((".context_length", ".embedding_length")):
             out[key] = value.contents()
     return out
 
@@ -74,6 +77,7 @@ def _from_gguf(path: Path) -> ModelSpec:
         name=_model_name(meta.get("general.name"), path),
         path=path,
         context_length=int(meta.get(f"{arch}.context_length", 2048)),
+        hidden_size=int(meta.get(f"{arch}.embedding_length", 0)),
         tokenizer=tokenizer,
         chat_template=ChatTemplate(template, tokenizer.special) if template else None,
     )
@@ -90,6 +94,7 @@ def _from_hf_dir(path: Path) -> ModelSpec:
         name=path.name,
         path=path,
         context_length=int(model_config.get("max_position_embeddings", 2048)),
+        hidden_size=int(model_config.get("hidden_size", 0)),
         tokenizer=tokenizer,
         chat_template=ChatTemplate(template, tokenizer.special) if template else None,
     )

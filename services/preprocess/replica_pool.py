@@ -31,9 +31,9 @@ from mstar.generation.v1 import generation_service_pb2 as gen_pb2
 
 from services.common.errors import MstarError, unavailable
 from services.common.serving import ServingState
-from services.preprocess.backend import BackendRequest, GenerationBackend, engine_kwargs
+from services.preprocess.backend import BackendRequest, GenerationBackend, embedding_kwargs, engine_kwargs
 from services.preprocess.replica import Replica
-from services.preprocess.request import Sampling
+from services.preprocess.request import EmbeddingSpec, Sampling
 from services.preprocess.resolver import Resolver
 from services.preprocess.routing import PrefixIndex, RoutingConfig, choose
 
@@ -114,10 +114,12 @@ class ReplicaPool:
         await asyncio.gather(*(r.backend.close() for r in self.replicas.values()), *self._closing_tasks)
 
     def submit(
-        self, request_id: str, prompt_ids: list[int], sampling: Sampling, max_tokens: int, input_open: bool
+        self, request_id: str, prompt_ids: list[int], sampling: Sampling, max_tokens: int, input_open: bool,
+        embedding: EmbeddingSpec | None = None,
     ) -> BackendRequest:
-        """Route a new request to a replica and start it there; UNAVAILABLE when none serves."""
-        kwargs = engine_kwargs(sampling, max_tokens)
+        """Route a new request to a replica and start it there; UNAVAILABLE when none serves. With
+        `embedding`, a prefill-only request whose result is one TensorResult (sampling unused)."""
+        kwargs = embedding_kwargs(embedding) if embedding else engine_kwargs(sampling, max_tokens)
         request = BackendRequest(request_id, prompt_ids, kwargs, input_open, self.config.queue_size)
         if not self._place(request, exclude=()):
             refusal = unavailable("no generation replica is serving", "NO_REPLICA")

@@ -54,6 +54,13 @@ class Sampling:
     structured_output: StructuredOutput | None = None  # None = free text
 
 
+@dataclass(frozen=True)
+class EmbeddingSpec:
+    """An embedding request: prefill only, one pooled, unit-length vector back (a Tensor event)."""
+
+    dimensions: int | None = None  # None = the model's hidden size
+
+
 def new_request_id() -> str:
     return uuid.uuid4().hex
 
@@ -78,6 +85,8 @@ class RequestSpec:
     # names its constraint `structured_output.*`; a surface maps that onto what its client sent
     # (`response_format.json_schema.schema`, `tools[2].function.parameters`).
     field_renames: tuple[tuple[str, str], ...] = ()
+    # Set: an embedding request (no sampling; the events are Accepted, Tensor, Complete).
+    embedding: EmbeddingSpec | None = None
     # Who asked: the metrics/log label ("chat.completions", "messages", "GenerateStream", ...),
     # which also picks the field names errors use (services/preprocess/sampling_fields.py).
     surface: str = "GenerateStream"
@@ -100,7 +109,7 @@ class TokenLogprobs:
     top_logprobs: tuple[float, ...] = ()
 
 
-# ---- events a request emits, in order: Accepted, (KeepAlive | Chunk)*, Profile, Complete | Failed
+# ---- events a request emits, in order: Accepted, (KeepAlive | Chunk | Tensor)*, Profile, Complete | Failed
 
 
 @dataclass(frozen=True)
@@ -124,6 +133,16 @@ class Chunk:
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprobs, ...] = ()
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A tensor output of a request: an embedding (float32 little-endian bytes, shape (dimensions,))."""
+
+    request_id: str
+    data: bytes
+    shape: tuple[int, ...]
+    dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -153,6 +172,7 @@ class Complete:
     cached_prompt_tokens: int
     completion_tokens: int
     chunks: int
+    tensors: int = 0  # Tensor events sent (an embedding request's one)
     timings_ms: dict[str, float] = field(default_factory=dict)
     conductor_times: dict[str, float] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
@@ -177,4 +197,4 @@ class Failed:
     client_request_id: str = ""
 
 
-Event = Accepted | KeepAlive | Chunk | Profile | Complete | Failed
+Event = Accepted | KeepAlive | Chunk | Tensor | Profile | Complete | Failed

@@ -19,7 +19,13 @@ from services.common.errors import Code, MstarError, failed_precondition, rename
 from services.preprocess import limits as caps
 from services.preprocess.admission import Admission, Ticket
 from services.preprocess.backend import BackendRequest
-from services.preprocess.backend_events import BackendFailed, BackendFinished, Heartbeat, TokenStep
+from services.preprocess.backend_events import (
+    BackendFailed,
+    BackendFinished,
+    Heartbeat,
+    TensorResult,
+    TokenStep,
+)
 from services.preprocess.detokenizer import Detokenizer
 from services.preprocess.input_names import input_names
 from services.preprocess.limits import Limits
@@ -37,6 +43,7 @@ from services.preprocess.request import (
     KeepAlive,
     Profile,
     RequestSpec,
+    Tensor,
 )
 from services.preprocess.stop import StopMatcher
 
@@ -130,19 +137,23 @@ class RequestRun:
         caps.validate_sampling(s.sampling, d.limits, d.model.tokenizer.vocab_size, s.surface)
         caps.validate_constraint(s.sampling.structured_output, s.field_renames)
         caps.validate_extra(s.extra_keys)
+        if s.embedding is not None:
+            caps.check_embedding(s.embedding, d.model.hidden_size, s.surface)
         ids = self._prompt.start(s)
         names = input_names(s.surface)
         self._check_fits(names.messages if s.messages else names.text)
-        self._max_tokens, self._warnings = caps.effective_max_tokens(
-            s.sampling.max_tokens,
-            self.prompt_tokens if self.input_done else 0,
-            d.model.context_length,
-            d.limits,
-        )
+        if s.embedding is None:  # an embedding generates nothing: no output budget to resolve
+            self._max_tokens, self._warnings = caps.effective_max_tokens(
+                s.sampling.max_tokens,
+                self.prompt_tokens if self.input_done else 0,
+                d.model.context_length,
+                d.limits,
+            )
         self._ticket = d.admission.admit(self.prompt_tokens, self.client, input_open=not self.input_done)
         try:
             self._backend = d.backend.submit(
-                self.request_id, ids, s.sampling, self._max_tokens, input_open=not self.input_done
+                self.request_id, ids, s.sampling, self._max_tokens, input_open=not self.input_done,
+                embedding=s.embedding,
             )
         except MstarError:
             self._ticket.release()
@@ -237,6 +248,8 @@ class RequestRun:
         detok = Detokenizer(tok.token_bytes)
         stops = StopMatcher(self.spec.sampling.stop, self.spec.sampling.include_stop)
         chunks, completion, sent_profile = 0, 0, False
+        tensors: list[Tensor] = []
+        num_tensors = 0
         postprocess_s = 0.0  # detokenizing and stop matching, summed over the request
         token_ids: list[int] = []
         logprobs: list = []
@@ -274,6 +287,8 @@ class RequestRun:
                         break
                 elif isinstance(event, Heartbeat):
                     continue
+                elif isinstance(event, TensorResult):
+                    tensors.append(Tensor(rid, event.data, event.shape))
                 else:
                     terminal = event
                     break
@@ -287,8 +302,12 @@ class RequestRun:
                 yield Chunk(rid, chunks, text, tuple(token_ids), tuple(logprobs))
                 chunks += 1
                 token_ids, logprobs = [], []
+            for tensor in tensors:
+                yield tensor
+            num_tensors += len(tensors)
+            tensors.clear()
             if terminal is None:
-                if not any(isinstance(e, TokenStep) for e in batch):
+                if not any(isinstance(e, TokenStep | TensorResult) for e in batch):
                     yield KeepAlive(rid)
                 continue
             self.finished = True
@@ -309,6 +328,7 @@ class RequestRun:
                 cached_prompt_tokens=backend.cached_prompt_tokens,
                 completion_tokens=completion,
                 chunks=chunks,
+                tensors=num_tensors,
                 timings_ms=backend.timings_ms,
                 conductor_times=backend.conductor_times,
                 warnings=self._warnings,
@@ -361,4 +381,5 @@ class RequestRun:
         )
 
     def _check_fits(self, field: str) -> None:
-        caps.check_prompt_fits(self.prompt_tokens, self._deps.model.context_length, field)
+        output_tokens = 0 if self.spec.embedding is not None else 1
+        caps.check_prompt_fits(self.prompt_tokens, self._deps.model.context_length, field, output_tokens)

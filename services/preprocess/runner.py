@@ -152,7 +152,8 @@ class RequestRunner:
                 raise invalid_argument(names.messages, f"at most {_MAX_MESSAGES} messages in one conversation")
             least = min_prompt_tokens(spec.parts, model.tokenizer.max_token_bytes, spec.text,
                                       *(m.content for m in spec.messages))
-            caps.check_prompt_fits(least, model.context_length, names.messages if spec.messages else names.text)
+            caps.check_prompt_fits(least, model.context_length, names.messages if spec.messages else names.text,
+                                   output_tokens=0 if spec.embedding is not None else 1)
         except MstarError as err:
             self.metrics.on_admission_rejected(err.reason)
             raise

@@ -36,7 +36,7 @@ from services.common.serving import ServingState
 from services.preprocess import client, peers, wire
 from services.preprocess.http_routes import HttpRoutes
 from services.preprocess.peers import Peers
-from services.preprocess.request import Chunk, Complete, Failed
+from services.preprocess.request import Chunk, Complete, Failed, Tensor
 from services.preprocess.request_run import Deps
 from services.preprocess.runner import RequestRunner, RunScope, RunStream
 from services.preprocess.surfaces.responses.endpoints import ResponsesApi
@@ -100,12 +100,14 @@ class InferenceServicer(HttpRoutes, api_grpc.InferenceServiceServicer):
                     "request_id to Append to; or use GenerateStream / Session")
             async with aclosing(scope.run(spec)) as stream:
                 await anext(stream)  # accepted
-                text, token_ids, logprobs = [], [], []
+                text, token_ids, logprobs, tensors = [], [], [], []
                 async for event in stream:
                     if isinstance(event, Chunk):
                         text.append(event.text)
                         token_ids += event.token_ids
                         logprobs += event.logprobs
+                    elif isinstance(event, Tensor):
+                        tensors.append(wire.tensors(event))
                     elif isinstance(event, Failed):
                         raise event.error
                     elif isinstance(event, Complete):
@@ -117,6 +119,7 @@ class InferenceServicer(HttpRoutes, api_grpc.InferenceServiceServicer):
                             token_ids=token_ids,
                             logprobs=wire._logprobs(logprobs),
                             complete=wire.complete(event),
+                            tensors=tensors,
                         )
             raise errors.internal("request ended without a terminal event")
         except MstarError as err:

@@ -21,12 +21,14 @@ from services.preprocess.request import (
     AppendSpec,
     Chunk,
     Complete,
+    EmbeddingSpec,
     Failed,
     KeepAlive,
     Part,
     Profile,
     RequestSpec,
     Sampling,
+    Tensor,
 )
 
 MODALITY_NAMES = {
@@ -105,6 +107,7 @@ def request_spec(msg: pb.PreprocessInput, surface: str,
         structured_output=(structured_output_of(sampling_pb.structured_output)
                            if sampling_pb.HasField("structured_output") else None),
     )
+    root = "start" if surface == "Session" else "input"
     opened = {modality(m, "input.input_modalities") for m in msg.input_modalities}
     ended = {modality(m, "input.ends") for m in msg.ends}
     return RequestSpec(
@@ -119,8 +122,22 @@ def request_spec(msg: pb.PreprocessInput, surface: str,
         field_renames=(("structured_output", native_prefix(surface) + "structured_output"),),
         extra_keys=tuple(msg.model_kwargs.extra.fields.keys()),
         upload_bytes=msg.ByteSize(),
+        embedding=_embedding(msg, root),
         surface=surface,
     )
+
+
+def _embedding(msg: pb.PreprocessInput, root: str) -> EmbeddingSpec | None:
+    """output_modalities [MODALITY_EMBEDDING]: an embedding request (ModelKwargs.embedding)."""
+    outputs = set(msg.output_modalities)
+    if pb.MODALITY_EMBEDDING not in outputs:
+        return None
+    if outputs != {pb.MODALITY_EMBEDDING}:
+        raise invalid_argument(f"{root}.output_modalities", "MODALITY_EMBEDDING cannot be combined with other outputs")
+    if msg.model_kwargs.HasField("sampling"):
+        raise invalid_argument(f"{root}.model_kwargs.sampling", "an embedding request samples nothing; leave it unset")
+    e = msg.model_kwargs.embedding
+    return EmbeddingSpec(e.dimensions if e.HasField("dimensions") else None)
 
 
 def append_spec(msg: pb.ClientAppend) -> AppendSpec:
@@ -188,6 +205,18 @@ def chunk(e: Chunk) -> pb.ResultChunk:
     )
 
 
+_DTYPES = {"float32": pb.D_TYPE_FLOAT32}
+
+
+def tensors(e: Tensor) -> pb.ResultTensors:
+    return pb.ResultTensors(
+        request_id=e.request_id,
+        modality=pb.MODALITY_EMBEDDING,
+        tensor=pb.Tensor(dtype=_DTYPES[e.dtype], shape=e.shape, data=e.data),
+        edge=pb.GraphEdge(from_node="model.norm", to_node="pooler"),
+    )
+
+
 def profile(e: Profile) -> pb.DataWorkerProfile:
     infos = [
         pb.InputInfo(
@@ -214,7 +243,8 @@ def complete(e: Complete, tx: pb.TransferInfo | None = None) -> pb.RequestComple
     """The terminal event; `tx` counts what was sent to the client for the request before it."""
     done = pb.RequestComplete(
         request_id=e.request_id,
-        output_chunk_counts=[pb.ModalityCount(modality=pb.MODALITY_TEXT, chunks=e.chunks)],
+        output_chunk_counts=[pb.ModalityCount(modality=pb.MODALITY_EMBEDDING, chunks=e.tensors)] if e.tensors
+        else [pb.ModalityCount(modality=pb.MODALITY_TEXT, chunks=e.chunks)],
         usage=pb.Usage(
             prompt_tokens=e.prompt_tokens,
             cached_prompt_tokens=e.cached_prompt_tokens,
@@ -280,6 +310,8 @@ def _event_fields(e, sent: Sent | None = None) -> dict:
         return {"accepted": accepted(e)}
     if isinstance(e, Chunk):
         return {"chunk": chunk(e)}
+    if isinstance(e, Tensor):
+        return {"tensors": tensors(e)}
     if isinstance(e, KeepAlive):
         return {"keep_alive": api.KeepAlive(request_id=e.request_id)}
     if isinstance(e, Profile):

@@ -24,7 +24,7 @@ def examples() -> list[str]:
 def test_the_doc_has_examples_for_every_route():
     text = "\n".join(examples())
     for route in ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
-                  "/v1/responses", "/v1/models", "/v1/generate", "/v1/generate_stream", "/v1/session",
+                  "/v1/responses", "/v1/embeddings", "/v1/models", "/v1/generate", "/v1/generate_stream", "/v1/session",
                   ":append", ":cancel", "/cancel", "/tokenize", "/detokenize", "/version", "/health"):
         assert route in text, route
     assert "curl -X DELETE" in text

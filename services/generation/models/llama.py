@@ -159,15 +159,21 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, meta: StepMetadata, kv_cache: KVCache) -> torch.Tensor:
         """input_ids [T] int64 -> logits [S, V] fp32 at meta.logits_indices."""
+        return self.logits(self.final_hidden(input_ids, meta, kv_cache))
+
+    def final_hidden(self, input_ids: torch.Tensor, meta: StepMetadata, kv_cache: KVCache) -> torch.Tensor:
+        """input_ids [T] int64 -> hidden states [S, H] after the final norm at meta.logits_indices
+        (what the lm_head reads; embedding requests pool them)."""
         h = self.embed(input_ids)  # [T, H]
         residual = None
         for i, block in enumerate(self.blocks):
             h, residual = block(h, residual, meta, self.cos_sin, kv_cache.k[i], kv_cache.v[i])
         rows = meta.logits_indices
         x, _ = self.ops.rms_norm(h[rows], self.norm, self.config.rms_norm_eps, residual[rows])  # [S, H]
-        return self.logits(x)
+        return x
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:  # [S, H] -> [S, V] fp32
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [S, H] -> logits [S, V] fp32."""
         head = self.lm_head
         if isinstance(head, Quantized):
             return cpu.quant_matmul(x, head.packed)  # fp32 as is, no round trip through the activation dtype

@@ -30,6 +30,7 @@ EXPECTED_RULES = {
     "CancelModelResponse": ("post", "/v1/responses/{response_id}/cancel"),
     "Tokenize": ("post", "/tokenize"),
     "Detokenize": ("post", "/detokenize"),
+    "CreateEmbedding": ("post", "/v1/embeddings"),
     "GetVersion": ("get", "/version"),
 }
 

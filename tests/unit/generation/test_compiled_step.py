@@ -19,7 +19,7 @@ from services.generation.compiled_step import (
 from services.generation.engine import Engine, EngineConfig
 from services.generation.model_runner import ModelRunner, RunnerConfig
 from services.generation.models.llama import StepMetadata
-from services.generation.sampling_params import SamplingParams
+from services.generation.sampling_params import Embedding, SamplingParams
 
 
 def test_buckets_are_nano_vllms_ladder_up_to_the_batch_limit():
@@ -194,6 +194,32 @@ def test_the_compiled_step_gives_the_eager_tokens_without_recompiling(tiny_check
     assert spy.prefill_steps and spy.decode_steps  # every step ran the compiled graph
     assert _greedy_tokens(runner, [PROMPTS[0]]) == [eager[0]]
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames  # no recompile while serving
+
+
+def test_embedding_steps_run_eager_next_to_the_compiled_generation_steps(tiny_checkpoint):
+    """An embedding request needs final hidden states, not logits: the steps holding its prompt run
+    the eager model (generation rows in them too), every other step the compiled graph; vectors and
+    tokens are those of an eager runner."""
+
+    def serve(runner):
+        engine = Engine(runner, EngineConfig(64, 4, 8, 16), on_step=lambda out: None)
+        engine.add_request("gen", PROMPTS[2], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+        engine.add_request("emb", list(range(50, 90)), SamplingParams(embedding=Embedding()))  # 40 tokens: 3 chunks
+        tokens, completed, failed, steps = drive(engine)
+        assert not failed and engine.block_manager.num_used_blocks == 0
+        (vector,) = [t.data for out in steps for t in out.tensors if t.key == "emb"]
+        return tokens["gen"], torch.frombuffer(bytearray(vector), dtype=torch.float32)
+
+    eager_tokens, eager_vector = serve(ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cpu", num_threads=1,
+                                                                                 compile=False)))
+    torch._dynamo.reset()
+    runner = ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cpu", num_threads=1, max_num_seqs=8))
+    runner.compiled = spy = _CountingStep(CompiledStep(runner.model, runner.kv_cache, backend="aot_eager"))
+    runner.warm_up()
+    tokens, vector = serve(runner)
+    assert tokens == eager_tokens
+    torch.testing.assert_close(vector, eager_vector, atol=1e-6, rtol=0)
+    assert spy.decode_steps  # the generation steps after the embedding ended ran the graph
 
 
 class _CountingStep:

@@ -106,3 +106,26 @@ def test_a_burst_is_sent_in_bounded_messages():
     sizes = asyncio.run(scenario())
     assert sum(n for n, _ in sizes) == 5060
     assert all(n <= 1024 and size < 2 * 1024 * 1024 for n, size in sizes), sizes
+
+
+def test_an_embedding_request_starts_as_one_and_its_vector_counts_as_output():
+    from mstar.generation.v1 import generation_service_pb2 as gen_pb2
+
+    from services.preprocess.backend import embedding_kwargs
+    from services.preprocess.backend_events import TensorResult
+    from services.preprocess.request import EmbeddingSpec
+
+    backend = GenerationBackend("127.0.0.1:1", queue_size=4)
+    backend._healthy, sent = True, []
+    backend._outbox, backend._send = object(), sent.append
+    request = BackendRequest("e", [1, 2], embedding_kwargs(EmbeddingSpec(8)), input_open=False, queue_size=4)
+    backend.attach(request)
+    (start,) = [f.preprocess_input for f in sent]
+    assert list(start.output_modalities) == [pb.MODALITY_EMBEDDING]
+    assert start.model_kwargs.embedding.dimensions == 8 and not start.model_kwargs.HasField("sampling")
+    tensor = pb.ResultTensors(request_id=request.key, modality=pb.MODALITY_EMBEDDING,
+                              tensor=pb.Tensor(dtype=pb.D_TYPE_FLOAT32, shape=[2], data=b"\0" * 8))
+    backend._dispatch(gen_pb2.StreamResponse(frames=[gen_pb2.ServerFrame(result_tensors=tensor)]))
+    assert drain(request) == [TensorResult(b"\0" * 8, (2,))]
+    # Output came back: a broken stream now fails it instead of running it again elsewhere.
+    assert request.tokens_received

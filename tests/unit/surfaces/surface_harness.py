@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 from pathlib import Path
+
+from mstar.v1 import messages_pb2 as pb
 
 from services.common.errors import Code, MstarError
 from services.common.serving import ServingState
 from services.preprocess.admission import Admission, AdmissionLimits
-from services.preprocess.backend import BackendRequest, GenerationBackend, engine_kwargs
-from services.preprocess.backend_events import BackendFailed, BackendFinished, TokenStep
+from services.preprocess.backend import BackendRequest, GenerationBackend, embedding_kwargs, engine_kwargs
+from services.preprocess.backend_events import BackendFailed, BackendFinished, TensorResult, TokenStep
 from services.preprocess.limits import Limits
 from services.preprocess.media import FileReader
 from services.preprocess.request import TokenLogprobs
@@ -25,7 +28,8 @@ from services.preprocess.surfaces.http import HttpRequest
 
 class EchoBackend(GenerationBackend):
     """Never connects; every submitted request gets its prompt tokens back, one per step. Stands
-    for the replica pool too (`submit`: one replica, every request starts on it)."""
+    for the replica pool too (`submit`: one replica, every request starts on it). An embedding
+    request gets echo_embedding(its prompt) after one step."""
 
     def __init__(self, step_s: float = 0.0, hold: bool = False, fail_after: int | None = None) -> None:
         super().__init__("echo")
@@ -37,10 +41,13 @@ class EchoBackend(GenerationBackend):
         self.started: list[str] = []
         self.sampling: list = []  # each started request's mstar.v1.SamplingParams, as sent
         self.aborted: list[str] = []
+        self.in_flight = self.most_in_flight = 0  # embedding requests
+        self.fail_embedding_of_len = -1  # an embedding of a prompt this long fails UNAVAILABLE
 
     def submit(self, request_id: str, prompt_ids: list[int], sampling, max_tokens: int,
-               input_open: bool) -> BackendRequest:
-        request = BackendRequest(request_id, prompt_ids, engine_kwargs(sampling, max_tokens), input_open, 1024)
+               input_open: bool, embedding=None) -> BackendRequest:
+        kwargs = embedding_kwargs(embedding) if embedding else engine_kwargs(sampling, max_tokens)
+        request = BackendRequest(request_id, prompt_ids, kwargs, input_open, 1024)
         self.attach(request)
         return request
 
@@ -51,9 +58,30 @@ class EchoBackend(GenerationBackend):
             ids = [i for p in msg.prompt_parts for i in p.token_ids.ids]
             self.started.append(msg.request_id)
             self.sampling.append(msg.model_kwargs.sampling)
+            if pb.MODALITY_EMBEDDING in msg.output_modalities:
+                e = msg.model_kwargs.embedding
+                width = e.dimensions if e.HasField("dimensions") else ECHO_WIDTH
+                asyncio.get_running_loop().create_task(self._embed(msg.request_id, ids, width))
+                return
             asyncio.get_running_loop().create_task(self._echo(msg.request_id, ids, msg.model_kwargs.sampling))
         elif kind == "abort":
             self.aborted.append(envelope.abort.request_id)
+
+    async def _embed(self, key: str, ids: list[int], width: int) -> None:
+        request = self._requests.get(key)
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.step_s)
+            if request.ended:
+                return
+            if len(ids) == self.fail_embedding_of_len:
+                request.deliver(BackendFailed(MstarError(Code.UNAVAILABLE, "BACKEND_UNAVAILABLE", "engine lost")))
+                return
+            request.deliver(TensorResult(echo_embedding(ids, width), (width,)))
+            request.deliver(BackendFinished("stop"))
+        finally:
+            self.in_flight -= 1
 
     async def _echo(self, key: str, ids: list[int], sampling) -> None:
         request = self._requests.get(key)
@@ -81,6 +109,16 @@ class EchoBackend(GenerationBackend):
         while self.hold and not request.ended:
             await asyncio.sleep(0.01)
         request.deliver(BackendFinished("stop", cached_prompt_tokens=1, completion_tokens=out))
+
+
+ECHO_WIDTH = 8
+
+
+def echo_embedding(ids: list[int], width: int) -> bytes:
+    """The echo engine's "embedding": the unit vector along axis len(ids) % width, float32 LE."""
+    values = [0.0] * width
+    values[len(ids) % width] = 1.0
+    return struct.pack(f"<{width}f", *values)
 
 
 def serving() -> ServingState:
