@@ -31,9 +31,14 @@ def test_child_dies_when_the_launcher_is_killed(tmp_path):
         from services.stack.process import Child
         child = Child("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"], Path({str(tmp_path)!r}) / "c.log")
         # setpriv sets the death signal and then execs the program: before that exec, a launcher
-        # killed this early would leave an orphan (a race of the test, not of make run).
+        # killed this early would leave an orphan (a race of the test, not of make run). Wait for
+        # the program itself: Popen can return while the exec into setpriv is still under way, when
+        # /proc/<pid>/cmdline reads empty, so "no setpriv in it" is not enough.
         deadline = time.monotonic() + 10
-        while b"setpriv" in Path(f"/proc/{{child.pid}}/cmdline").read_bytes() and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            argv = Path(f"/proc/{{child.pid}}/cmdline").read_bytes().split(b"\\0")
+            if argv[0] == sys.executable.encode() and b"-c" in argv:
+                break
             time.sleep(0.01)
         print(child.pid, flush=True)
         time.sleep(60)
