@@ -77,7 +77,8 @@ def test_r31_preemption_keeps_greedy_outputs_and_rejects_oversized(make_rig):
     # tokens as a prefill chunk, and at the defaults (the GGUF's Q4_1 codes, int8 activations) a
     # prefill and the same tokens decoded one by one differ by up to 0.62 in a logit (measured on the
     # default model, 40 tokens; 4e-5 in fp32): the activations' int8 rounding amplifies the
-    # ulp-level differences between a prefill and a decode step, so a near-tie may go the other way. What this test checks, the scheduler's preemption and recompute, is exact here.
+    # ulp-level differences between a prefill and a decode step, so a near-tie may go the other way.
+    # What this test checks, the scheduler's preemption and recompute, is exact here.
     rig = make_rig(null_engine=False, generation_args=("--kv-blocks", "8", "--block-size", "16",
                                                        "--dtype", "float32", "--quantization", "none"))
     inputs = [probe.text_input(p, max_tokens=48, ignore_eos=True) for p in PROMPTS[:8]]
