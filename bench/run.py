@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--doc", type=Path, default=DOCS / "benchmarks.md")
     ap.add_argument("--concurrency", help="override the comparison's levels, e.g. 1,16")
     ap.add_argument("--rounds", type=int, help="override the comparison's rounds")
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], help="mstar's model dtype (default float32)")
-    ap.add_argument("--quantization", choices=["none", "gguf"], help="mstar's --quantization (default none)")
+    ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], help="mstar's --dtype (default auto)")
+    ap.add_argument("--quantization", choices=["auto", "gguf", "none"], help="mstar's --quantization (default auto)")
     args = ap.parse_args(argv)
     s = FULL if args.full else QUICK
     if args.concurrency:
@@ -72,7 +72,6 @@ def main(argv: list[str] | None = None) -> int:
         s.dtype = args.dtype
     if args.quantization:
         s.quantization = args.quantization
-        s.dtype = "bfloat16" if args.quantization == "gguf" else s.dtype
     only = set(args.only.split(","))
     from services.generation.weights.locate import default_model_path
 

@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field
 class Settings:
     prompt_words: int = 48
     max_tokens: int = 64
-    dtype: str = "float32"  # mstar generation --dtype (HF stays fp32; llama-server reads the Q4_1 GGUF)
-    quantization: str = "none"  # mstar generation --quantization (gguf: the GGUF's 4-bit weights)
+    dtype: str = "auto"  # mstar generation --dtype (HF stays fp32; llama-server reads the Q4_1 GGUF)
+    quantization: str = "auto"  # mstar generation --quantization (auto: the GGUF's own block codes)
     threads: int = 2  # torch threads (mstar, HF) and llama.cpp -t/-tb: the same for every peer
     slots: int = 16  # llama-server -np
     concurrency: list[int] = field(default_factory=lambda: [1, 4, 16])

@@ -1,14 +1,18 @@
 """``KernelOps``: the one object through which the model calls its hot-path ops.
 
-    ops = KernelOps.create(torch.device("cuda"))   # Triton kernels
-    ops = KernelOps.create(torch.device("cpu"))    # plain-torch references (the CPU serving path)
-    ops = KernelOps.create(torch.device("cpu"), force_triton=True)  # Triton through the
-                                                   # interpreter; needs TRITON_INTERPRET=1 set
-                                                   # before triton is first imported (tests)
+    ops = KernelOps.create("cuda")                     # triton: the Triton kernels
+    ops = KernelOps.create("cpu")                      # cpu: kernels/cpu's C++ ops (fused attention)
+    ops = KernelOps.create("cpu", backend="reference") # reference: the plain-torch oracle (HF-exact fp32)
+    ops = KernelOps.create("cpu", force_triton=True)   # triton through the interpreter; needs
+                                                       # TRITON_INTERPRET=1 before triton is imported
 
-Triton is imported only inside ``create`` when it is chosen, so importing this module costs torch
-only. The choice is logged once per ``create``. Shapes: T tokens in the step, B sequences,
-Hq/Hk query/KV heads, D head dim, NB cache blocks of BS slots.
+Backends differ in ``attention`` (RoPE + KV-cache write + paged attention of one layer): one
+fused C++ call on "cpu", the three separate ops elsewhere; and "cpu" draws all-greedy batches with
+a vectorised C++ argmax. The cheap elementwise ops (rms_norm, silu_and_mul) are the references on
+CPU; torch.compile fuses them into the decode step.
+Triton and the C++ library are imported/loaded only inside ``create`` when chosen, so importing
+this module costs torch only. The choice is logged once per ``create``. Shapes: T tokens in the
+step, B sequences, Hq/Hk query/KV heads, D head dim, NB cache blocks of BS slots.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ from kernels.reference import build_cos_sin_cache
 
 logger = logging.getLogger(__name__)
 
-BACKEND_TORCH = "torch"
+BACKEND_REFERENCE = "reference"
+BACKEND_CPU = "cpu"
 BACKEND_TRITON = "triton"
+BACKENDS = ("auto", BACKEND_CPU, BACKEND_REFERENCE, BACKEND_TRITON)
 
 
 def _triton_impls() -> dict[str, Callable]:
@@ -60,6 +66,19 @@ def _reference_impls() -> dict[str, Callable]:
     }
 
 
+def _cpu_impls() -> dict[str, Callable]:
+    from kernels import cpu
+
+    cpu.ensure_loaded()  # raises KernelBuildError when the library cannot be built here
+
+    def sample(logits, temperature, top_k, top_p, min_p, seeds, offsets):
+        if not bool((temperature > 0).any()):  # every row greedy: the vectorised argmax
+            return cpu.argmax_rows(logits)
+        return reference.sample_ref(logits, temperature, top_k, top_p, min_p, seeds, offsets)
+
+    return _reference_impls() | {"attention": cpu.attention, "sample": sample}
+
+
 def _check_interpreter() -> None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(
@@ -75,21 +94,32 @@ def _check_interpreter() -> None:
 
 @dataclass(frozen=True)
 class KernelOps:
-    """The hot-path ops bound to one backend ("triton" or "torch") and device."""
+    """The hot-path ops bound to one backend ("cpu", "reference" or "triton") and device."""
 
     device: torch.device
     backend: str
     _impl: dict[str, Callable]
 
     @classmethod
-    def create(cls, device: torch.device | str, force_triton: bool = False) -> KernelOps:
+    def create(cls, device: torch.device | str, backend: str = "auto", force_triton: bool = False) -> KernelOps:
+        """backend auto: triton on CUDA, cpu on CPU. force_triton: Triton on CPU under the interpreter."""
         device = torch.device(device)
-        if device.type == "cuda" or force_triton:
+        if backend not in BACKENDS:
+            raise ValueError(f"kernel backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+        if force_triton:
+            backend = BACKEND_TRITON
+        elif backend == "auto":
+            backend = BACKEND_TRITON if device.type == "cuda" else BACKEND_CPU
+        if backend == BACKEND_TRITON:
             if device.type != "cuda":
                 _check_interpreter()
             ops = cls(device, BACKEND_TRITON, _triton_impls())
+        elif backend == BACKEND_CPU:
+            if device.type != "cpu":
+                raise ValueError(f"the cpu kernel backend runs on CPU only, not {device}")
+            ops = cls(device, BACKEND_CPU, _cpu_impls())  # KernelBuildError when it cannot be built here
         else:
-            ops = cls(device, BACKEND_TORCH, _reference_impls())
+            ops = cls(device, BACKEND_REFERENCE, _reference_impls())
         logger.info("kernel ops for %s: %s backend", device, ops.backend)
         return ops
 
@@ -145,6 +175,36 @@ class KernelOps:
         scale: float,
     ) -> torch.Tensor:  # [T, Hq, D]
         return self._impl["paged_attention"](q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
+
+    def attention(
+        self,
+        qkv: torch.Tensor,  # [T, (Hq + 2 Hk) D], the fused projection's output
+        positions: torch.Tensor,  # [T] int64
+        slot_mapping: torch.Tensor,  # [T] int64, -1 = skip
+        block_tables: torch.Tensor,  # [B, max_blocks] int32
+        cu_seqlens_q: torch.Tensor,  # [B + 1] int32
+        context_lens: torch.Tensor,  # [B] int32
+        cos_sin_cache: torch.Tensor,  # [max_pos, D] fp32
+        k_cache: torch.Tensor,  # [NB, BS, Hk, D], written at slot_mapping
+        v_cache: torch.Tensor,  # [NB, BS, Hk, D]
+        num_heads: int,
+        num_kv_heads: int,
+        scale: float,
+    ) -> torch.Tensor:  # [T, Hq D]
+        """One layer's attention: RoPE on q and k, store k and v in the cache, paged causal attention."""
+        fused = self._impl.get("attention")
+        if fused is not None:
+            return fused(qkv.contiguous(), positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_tables,
+                         cu_seqlens_q, context_lens, num_heads, num_kv_heads, scale)
+        t, head_dim = qkv.shape[0], k_cache.shape[-1]
+        q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+        q = q.view(t, num_heads, head_dim)  # [T, Hq, D] (strided views into qkv)
+        k = k.view(t, num_kv_heads, head_dim)  # [T, Hk, D]
+        v = v.view(t, num_kv_heads, head_dim)  # [T, Hk, D]
+        self.apply_rotary(q, k, positions, cos_sin_cache)
+        self.store_kv(k, v, k_cache, v_cache, slot_mapping)
+        o = self.paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)  # [T, Hq, D]
+        return o.reshape(t, num_heads * head_dim)
 
     def sample(
         self,

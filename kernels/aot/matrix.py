@@ -74,7 +74,7 @@ def run_step(transformer, ops: _CapturingOps, block_size: int, step: Step) -> No
     from services.generation.models.llama import KVCache, StepMetadata
 
     width = math.ceil(step.max_context / block_size)
-    kv_cache = KVCache(transformer.config, step.seqs * width, block_size, META, transformer.embed_tokens.dtype)
+    kv_cache = KVCache(transformer.config, step.seqs * width, block_size, META, transformer.embed.dtype)
     meta = StepMetadata(
         positions=torch.empty(step.tokens, dtype=torch.int64, device=META),
         slot_mapping=torch.empty(step.tokens, dtype=torch.int64, device=META),

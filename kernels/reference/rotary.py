@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from kernels.reference.step_memo import per_step
-
 
 def build_cos_sin_cache(
     head_dim: int,
@@ -46,14 +44,8 @@ def apply_rotary_ref(
     positions: torch.Tensor,  # [T] int64
     cos_sin_cache: torch.Tensor,  # [max_pos, D]
 ) -> None:
-    cos, sin = per_step("rotary", (positions, cos_sin_cache), lambda: _cos_sin(positions, cos_sin_cache, q.dtype))
-    if cos.dtype != q.dtype:
-        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-    q.copy_(_rotate(q, cos, sin))
-    k.copy_(_rotate(k, cos.to(k.dtype), sin.to(k.dtype)))
-
-
-def _cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor, dtype: torch.dtype):
     half = cos_sin_cache.shape[-1] // 2
-    rows = cos_sin_cache.index_select(0, positions)  # [T, D]
-    return rows[:, None, :half].to(dtype), rows[:, None, half:].to(dtype)  # [T, 1, D/2] each
+    rows = cos_sin_cache[positions]  # [T, D]
+    cos, sin = rows[:, None, :half], rows[:, None, half:]  # [T, 1, D/2] each
+    q.copy_(_rotate(q, cos.to(q.dtype), sin.to(q.dtype)))
+    k.copy_(_rotate(k, cos.to(k.dtype), sin.to(k.dtype)))

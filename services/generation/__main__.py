@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import time
@@ -39,11 +40,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=50052, help="0 = any free port (printed)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--threads", type=int, default=1, help="torch threads on CPU; 1 measured best on the shared 2-core box (docs/benchmarks-engine.md)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads on CPU; default: the usable CPUs (affinity, cgroup quota) minus a reserve "
+                        "for Envoy and preprocess (services/generation/threads.py)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="auto = bfloat16 on CUDA, float32 on CPU (bit-parity with HF); bfloat16 on CPU decodes ~1.3-2x faster")
-    p.add_argument("--quantization", default="none", choices=["none", "gguf"],
-                   help="gguf: run a GGUF's Q4_0/Q4_1 weights as 4-bit (CPU, implies --dtype bfloat16); ~2x bf16 at 1 stream")
+                   help="activations and KV cache; auto: bf16 on CUDA and on CPUs with native bf16, else fp32 "
+                        "(services/generation/numerics.py)")
+    p.add_argument("--quantization", default="auto", choices=["auto", "gguf", "none"],
+                   help="auto/gguf: serve a GGUF's block-quantized weights as the file's codes (CPU); none: dense. "
+                        "--dtype float32 --quantization none is the exact HF oracle")
+    p.add_argument("--kernels", default="auto", choices=["auto", "cpu", "reference"],
+                   help="CPU ops: cpu (compiled C++, kernels/cpu) or reference (plain torch, the oracle)")
+    p.add_argument("--no-compile", dest="compile", action="store_false",
+                   default=os.environ.get("MSTAR_COMPILE", "1") != "0",
+                   help="run every step eagerly (debugging; also MSTAR_COMPILE=0); default: compiled code "
+                        "built at warm-up (services/generation/compiled_step.py)")
     p.add_argument("--embedding-pooling", default="mean", choices=["mean", "last"],
                    help="how embedding requests pool the final hidden states of their prompt (docs/design.md)")
     p.add_argument("--kv-blocks", type=int, default=1024)
@@ -75,10 +86,18 @@ def build_runner(args):
     from services.generation.model_runner import ModelRunner, RunnerConfig
     from services.generation.weights.locate import load_checkpoint
 
-    checkpoint = load_checkpoint(args.model, keep_q4=args.quantization == "gguf")
+    t0 = time.monotonic()
+    checkpoint = load_checkpoint(args.model)
+    t1 = time.monotonic()
     config = RunnerConfig(args.kv_blocks, args.block_size, args.device, args.threads, dtype=args.dtype,
-                          quantization=args.quantization, pooling=args.embedding_pooling)
-    return ModelRunner(checkpoint, config)
+                          quantization=args.quantization, kernels=args.kernels, compile=args.compile,
+                          max_num_seqs=args.max_num_seqs, pooling=args.embedding_pooling)
+    runner = ModelRunner(checkpoint, config)
+    t2 = time.monotonic()
+    runner.warm_up()  # compiled decode graphs: part of readiness
+    log.info("model loaded", extra={"load_s": round(t1 - t0, 2), "build_s": round(t2 - t1, 2),
+                                    "warm_up_s": round(time.monotonic() - t2, 2)})
+    return runner
 
 
 def warm_up(engine: Engine, timeout_s: float = 120.0) -> None:
@@ -106,6 +125,8 @@ async def serve(args) -> bool:
     port = await server.start()
     print(f"generation service listening on port {port}", flush=True)
     runner = install_from_env(await asyncio.to_thread(build_runner, args))  # MSTAR_FAULTS: tests only
+    numerics = getattr(runner, "numerics", None)
+    servicer.numerics = numerics.as_metadata() if numerics else json.dumps({"kernels": "null engine"})
     config = EngineConfig(args.kv_blocks, args.block_size, args.max_num_seqs, args.max_batched_tokens)
 
     metrics = GenerationMetrics()
@@ -156,6 +177,9 @@ async def serve(args) -> bool:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    # Compiled decode graphs are cached on disk by Inductor: keep them where a reboot does not
+    # wipe them (its default is under /tmp), so a restart loads instead of compiling.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "mstar", "inductor"))
     setup_logging("services.generation", args.log_level)
     if asyncio.run(serve(args)):
         log.error("exiting: the engine failed", extra={"exit_status": EXIT_FAILED})

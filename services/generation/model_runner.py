@@ -11,10 +11,14 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels import cpu
 from kernels.dispatch import KernelOps
+from services.generation.compiled_step import CompiledStep, CudaGraphDecode
 from services.generation.models.llama import KVCache, StepMetadata, Transformer
+from services.generation.numerics import choose, resolve_device
 from services.generation.sampler import SampleOutput, Sampler
 from services.generation.sequence import Sequence
+from services.generation.threads import default_threads
 from services.generation.weights.checkpoint import Checkpoint
 
 log = logging.getLogger(__name__)
@@ -25,38 +29,16 @@ class RunnerConfig:
     num_blocks: int = 1024
     block_size: int = 16
     device: str = "auto"  # auto: cuda when available, else cpu
-    num_threads: int = 1  # torch intra-op threads on CPU: 1 measured best when cores are shared (docs/benchmarks-engine.md)
+    num_threads: int | None = None  # torch intra-op threads on CPU; None: threads.default_threads()
     force_triton: bool = False  # run the Triton kernels under TRITON_INTERPRET=1 (tests)
-    dtype: str = "auto"  # auto | float32 | bfloat16 (weights, activations, KV cache)
-    quantization: str = "none"  # none | gguf: run a GGUF's Q4_0/Q4_1 weights as 4-bit (CPU, bf16)
+    dtype: str = "auto"  # auto | float32 | bfloat16 (activations and KV cache); numerics.py
+    quantization: str = "auto"  # auto (a GGUF's own blocks) | gguf (required) | none (dense)
+    kernels: str = "auto"  # auto | cpu | reference (the HF oracle) | triton
+    compile: bool = True  # the step as compiled code (compiled_step.py); False: eager
+    max_num_seqs: int = 64  # the largest decode batch a graph must hold
     # How an embedding request pools the final hidden states (after the final norm) of its prompt:
     # mean (every prompt token; the default, see docs/design.md "Embeddings") or last (the last token).
     pooling: str = "mean"
-
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-QUANTIZATIONS = ("none", "gguf")
-
-
-def resolve_dtype(name: str, device: torch.device, quantization: str = "none") -> torch.dtype:
-    """auto: bf16 on CUDA (the Triton kernels' dtype); fp32 on CPU, the dtype of the HF parity oracle.
-
-    bfloat16 on CPU is opt-in: on a CPU with avx512_bf16 it decodes ~1.3-2x faster than fp32 at a
-    0.1 % higher loss (docs/benchmarks-engine.md), but greedy output is no longer identical to HF.
-    """
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" or quantization == "gguf" else torch.float32
-    if name not in DTYPES:
-        raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {name!r}")
-    return DTYPES[name]
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 POOLINGS = ("mean", "last")
@@ -78,34 +60,32 @@ class ModelRunner:
         self.config = config
         self.model_config = checkpoint.config
         self.vocabulary = checkpoint.vocabulary  # for structured output (the engine's grammar compiler)
-        self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device, config.quantization)
-        q4 = self._q4_weights(checkpoint, config.quantization)
+        kernels = "triton" if config.force_triton else config.kernels
+        cpu_error = cpu.load_error() if kernels in ("auto", "cpu") and resolve_device(config.device).type == "cpu" else None
+        self.numerics = choose(checkpoint, config.device, config.dtype, config.quantization, kernels, config.compile,
+                               cpu_kernels_error=cpu_error)
+        self.device, self.dtype = self.numerics.device, self.numerics.dtype
         if self.device.type == "cpu":
-            torch.set_num_threads(config.num_threads)
-        self.ops = KernelOps.create(self.device, force_triton=config.force_triton)
+            torch.set_num_threads(config.num_threads or default_threads())
+        self.ops = KernelOps.create(self.device, backend=self.numerics.kernels)
         self.block_size = config.block_size
+        self.max_blocks = -(-checkpoint.config.max_position_embeddings // config.block_size)
         with torch.inference_mode():
-            self.model = Transformer(checkpoint.config, self.ops, checkpoint.state_dict, self.device, self.dtype, q4)
+            self.model = Transformer(checkpoint.config, self.ops, checkpoint.tensors, self.device, self.dtype,
+                                     checkpoint.blocks, quantized=self.numerics.quantized)
             self.kv_cache = KVCache(checkpoint.config, config.num_blocks, config.block_size, self.device, self.dtype)
         self.sampler = Sampler(self.ops, self.device)
-        log.info(
-            "model ready",
-            extra={"device": str(self.device), "dtype": str(self.dtype), "threads": torch.get_num_threads(),
-                   "quantization": config.quantization},
-        )
+        self.compiled: CompiledStep | CudaGraphDecode | None = None
+        if self.numerics.compiled and self.device.type == "cuda":
+            self.compiled = CudaGraphDecode(self.model, self.kv_cache, config.max_num_seqs, self.max_blocks)
+        elif self.numerics.compiled:
+            self.compiled = CompiledStep(self.model, self.kv_cache)
+        log.info(self.numerics.describe(), extra={"threads": torch.get_num_threads()})
 
-    def _q4_weights(self, checkpoint: Checkpoint, quantization: str):
-        if quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
-        if quantization == "none":
-            return None
-        if self.device.type != "cpu":
-            raise ValueError("--quantization gguf runs on CPU only (torch's int4 CPU matmul)")
-        if not checkpoint.q4:
-            raise ValueError(f"--quantization gguf needs a GGUF model with Q4_0/Q4_1 weights; {checkpoint.source} "
-                             "has none (or was loaded without keep_q4)")
-        return checkpoint.q4
+    def warm_up(self) -> None:
+        """Compile the step / capture the decode graphs (part of readiness: not SERVING yet)."""
+        if self.compiled is not None:
+            self.compiled.warm_up()
 
     @property
     def vocab_size(self) -> int:
@@ -158,6 +138,13 @@ class ModelRunner:
         )
         return torch.tensor(input_ids, dtype=torch.int64, device=dev), meta
 
+    def forward(self, input_ids: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
+        """Logits [S, V] fp32 of one step: compiled code when it covers the step, else eager."""
+        compiled = self.compiled  # used once warm_up() built it: nothing compiles inside a step
+        if compiled is not None and compiled.is_warm and compiled.covers(input_ids, meta):
+            return compiled(input_ids, meta)
+        return self.model.forward(input_ids, meta, self.kv_cache)
+
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], num_new_tokens: list[int], sampling: list[bool],
             pooling: list[bool] | None = None) -> SampleOutput:
@@ -165,9 +152,9 @@ class ModelRunner:
         return the embedding of each seq with pooling[i] True (an embedding request whose prompt
         ends in this step). Mean pooling adds every step's rows of an embedding request to its
         running sum (seq.pooled), so chunked prefill pools exactly the rows a single pass would."""
-        if not any(seq.is_embedding for seq in seqs):  # the generation path, unchanged
+        if not any(seq.is_embedding for seq in seqs):  # the generation path: compiled when warm
             input_ids, meta = self.prepare(seqs, num_new_tokens, sampling)
-            logits = self.model.forward(input_ids, meta, self.kv_cache)  # [S, V]
+            logits = self.forward(input_ids, meta)  # [S, V]
             sampled = [s for s, is_sampling in zip(seqs, sampling, strict=True) if is_sampling]
             return self.sampler(logits, sampled) if sampled else SampleOutput([], [], [])
         pooling = pooling or [False] * len(seqs)
@@ -175,6 +162,10 @@ class ModelRunner:
         rows = [n if seq.is_embedding and mean else int(is_sampling or is_pooling)
                 for seq, n, is_sampling, is_pooling in zip(seqs, num_new_tokens, sampling, pooling, strict=True)]
         input_ids, meta = self.prepare(seqs, num_new_tokens, rows)
+        # Eager, also for the generation rows sharing this step: the compiled step returns logits,
+        # and an embedding request needs final hidden states (every prompt row, for mean pooling).
+        # Only steps that hold an embedding request's prompt chunk take this path; grammar masks
+        # are applied by the sampler after the logits either way.
         hidden = self.model.final_hidden(input_ids, meta, self.kv_cache)  # [sum(rows), H]
         sample_rows, sampled, embeddings, end = [], [], [], 0
         for seq, k, is_sampling, is_pooling in zip(seqs, rows, sampling, pooling, strict=True):

@@ -50,6 +50,9 @@ _MAX_FRAMES = contract.bounds(gen_pb2.StreamRequest, "frames").max_items
 _ID = contract.bounds(gen_pb2.Abort, "request_id")
 _ID_PATTERN = re.compile(_ID.pattern)
 _YIELD_EVERY = 64  # client frames applied between two yields to the event loop
+# Initial metadata of every Stream: how this backend computes (numerics.Numerics.as_metadata(),
+# JSON), so the preprocess service can report it in ListModels without an RPC of its own.
+NUMERICS_KEY = "mstar-numerics"
 
 
 @dataclass
@@ -63,8 +66,9 @@ class _Stream:
 
 class GenerationServicer(gen_grpc.GenerationServiceServicer):
     def __init__(self, serving: ServingState, status_interval_ms: int = 0, max_queued_frames: int = 10_000):
-        self.engine = None  # set once the model is loaded
+        self.engine = None  # set once the model is loaded and warm
         self.serving = serving
+        self.numerics = ""  # JSON sent as NUMERICS_KEY initial metadata; set with the engine
         self.default_status_interval_ms = status_interval_ms
         self.max_queued_frames = max_queued_frames
         self._streams: dict[int, _Stream] = {}
@@ -145,6 +149,8 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
         refusal = self.serving.refusal()
         if self.engine is None or refusal is not None:
             await errors.abort(context, refusal or errors.unavailable("the model is loading", "STARTING"))
+        if self.numerics:
+            await context.send_initial_metadata(((NUMERICS_KEY, self.numerics),))
         stream = _Stream(next(self._ids))
         self._streams[stream.stream_id] = stream
         reader = asyncio.create_task(self._read(stream, request_iterator))

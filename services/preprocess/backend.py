@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 from array import array
 from collections.abc import Callable
@@ -193,6 +194,9 @@ class GenerationBackend:
         self._silent = False
         self._healthy = False
         self._last_frame = 0.0
+        # How the backend computes, from its Stream's initial metadata (generation servicer's
+        # NUMERICS_KEY, JSON); {} until a stream has opened. Reported by ListModels.
+        self.numerics: dict = {}
         self._task: asyncio.Task | None = None
         self._closing = False
         self.connected = asyncio.Event()
@@ -287,6 +291,7 @@ class GenerationBackend:
                 self._outbox = outbox
                 call = gen_grpc.GenerationServiceStub(channel).Stream(_frames(outbox), metadata=self._status_metadata)
                 self._last_frame = asyncio.get_running_loop().time()
+                self.numerics = _numerics(await call.initial_metadata())
                 tasks = [asyncio.create_task(self._watch(health)), asyncio.create_task(self._watch_silence())]
                 self._set(connected=True, remote_serving=True, silent=False)
                 self.connected.set()
@@ -391,6 +396,25 @@ class GenerationBackend:
             if with_logprobs and (entry := frame.logprobs[i]).ByteSize():
                 lp = TokenLogprobs(entry.logprob, tuple(entry.top_token_ids), tuple(entry.top_logprobs))
             request.deliver(TokenStep(frame.token_ids[i], lp))
+
+
+NUMERICS_KEY = "mstar-numerics"  # the generation servicer's initial metadata (services/generation/servicer.py)
+
+
+def _numerics(metadata) -> dict:
+    """The metadata's JSON as exactly Model.numerics' fields and types ({} if absent or malformed):
+    both ListModels (protobuf) and GET /v1/models (JSON as built) report it as is."""
+    for key, value in metadata or ():
+        if key == NUMERICS_KEY:
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                return {}
+            if not isinstance(parsed, dict):
+                return {}
+            text = {name: str(parsed.get(name, "")) for name in ("device", "weights", "activations", "kernels")}
+            return {**text, "compiled_decode": bool(parsed.get("compiled_decode", False))}
+    return {}
 
 
 # One StreamRequest carries at most this many frames / about this many bytes: whatever piled up

@@ -96,6 +96,13 @@ class ReplicaPool:
     def num_requests(self) -> int:
         return sum(r.in_flight for r in self.replicas.values())
 
+    @property
+    def numerics(self) -> dict:
+        """How the model is computed (a replica's Stream metadata, for ListModels); a serving
+        replica's first, {} until one has connected. Replicas run one model with one configuration."""
+        replicas = sorted(self.replicas.values(), key=lambda r: not r.serving)
+        return next((r.backend.numerics for r in replicas if r.backend.numerics), {})
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._maintain(), name="replica-pool")
 

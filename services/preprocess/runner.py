@@ -61,6 +61,11 @@ class RequestRunner:
         return self.deps.model
 
     @property
+    def numerics(self) -> dict:
+        """How the generation backend computes (ReplicaPool.numerics: JSON fields); {} before one connected."""
+        return self.deps.backend.numerics
+
+    @property
     def num_running(self) -> int:
         return len(self._runs)
 

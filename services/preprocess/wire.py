@@ -67,6 +67,13 @@ def modality(value: int, field: str) -> str:
     return name
 
 
+def model_numerics(numerics: dict) -> api.ModelNumerics | None:
+    """The generation backend's numerics metadata (JSON fields) -> ModelNumerics; None before one connected."""
+    if not numerics:
+        return None
+    return api.ModelNumerics(**numerics)  # backend._numerics: exactly its fields and types
+
+
 def sampling_pb(s: Sampling) -> pb.SamplingParams:
     """The inverse of the sampling part of request_spec: unset (None) fields stay unset."""
     params = pb.SamplingParams(

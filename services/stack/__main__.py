@@ -44,9 +44,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--preprocess-replicas", type=int, help="preprocess processes (env MSTAR_PREPROCESS_REPLICAS)")
     p.add_argument("--null-engine", action="store_true", help="generation without a model (plumbing tests)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"],
-                   help="model dtype (env MSTAR_DTYPE); auto = float32 on CPU, bfloat16 on CUDA")
-    p.add_argument("--quantization", choices=["none", "gguf"],
-                   help="gguf: serve a GGUF's 4-bit weights as they are (env MSTAR_QUANTIZATION; CPU, bf16)")
+                   help="generation --dtype (env MSTAR_DTYPE); auto: bf16 on CUDA and on CPUs with native bf16, else fp32")
+    p.add_argument("--quantization", choices=["auto", "gguf", "none"],
+                   help="generation --quantization (env MSTAR_QUANTIZATION); auto: a GGUF's own block codes; "
+                        "--dtype float32 --quantization none: the exact HF oracle")
     p.add_argument("--log-dir", type=Path, help="where the three logs go (default: a temp dir)")
     p.add_argument("--data-dir", type=Path, default=None,
                    help="preprocess state, e.g. stored /v1/responses (env MSTAR_DATA_DIR; default "

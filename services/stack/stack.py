@@ -66,8 +66,8 @@ class StackConfig:
     preprocess_replicas: int = 1
     generation_model: str | None = None  # what generation loads, when not `model` (tests: a tiny one)
     null_engine: bool = False
-    dtype: str = "auto"  # generation --dtype: auto = fp32 on CPU (HF parity), bf16 on CUDA
-    quantization: str = "none"  # generation --quantization: gguf = the GGUF's 4-bit weights as they are
+    dtype: str = "auto"  # generation --dtype (services/generation/numerics.py)
+    quantization: str = "auto"  # generation --quantization: auto = a GGUF's own block codes; none = dense
     log_dir: Path | None = None
     # Where preprocess keeps state (the stored /v1/responses); None = the log directory.
     data_dir: Path | None = None

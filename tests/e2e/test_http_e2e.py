@@ -47,6 +47,15 @@ def test_native_generate_and_stream_agree(stack):
     assert whole.json()["complete"]["usage"]["completion_tokens"] == 8
 
 
+def test_models_report_how_the_backend_computes(stack):
+    reply = httpx.get(stack.http_url + "/v1/models", timeout=30)
+    assert reply.status_code == 200, reply.text
+    model = reply.json()["data"][0]
+    # The default model at its defaults: the GGUF's own Q4_1 / Q8_0 codes through the CPU kernels.
+    assert model["numerics"]["device"] == "cpu" and model["numerics"]["kernels"] == "cpu", model
+    assert "Q4_1 codes" in model["numerics"]["weights"] and model["numerics"]["activations"] == "float32"
+
+
 def test_chat_stream_and_non_stream(stack):
     whole = httpx.post(stack.http_url + "/v1/chat/completions", json=CHAT, timeout=60)
     assert whole.status_code == 200, whole.text

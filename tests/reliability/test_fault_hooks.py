@@ -36,33 +36,28 @@ def test_absent_or_empty_env_installs_nothing():
         assert r.run == original and not hasattr(r, "fault_injector")
 
 
-class _Model:
-    def forward(self, input_ids, meta, cache):
-        return torch.zeros(3, 8)  # [S, V]
-
-
 class _ModelRunner:
-    def __init__(self):
-        self.model = _Model()
+    def forward(self, input_ids, meta):
+        return torch.zeros(3, 8)  # [S, V]
 
 
 def test_model_forward_raises_at_step_n():
     r = _ModelRunner()
     install(r, FaultConfig(forward_raise_at_step=3))
-    r.model.forward(None, None, None)
-    r.model.forward(None, None, None)
+    r.forward(None, None)
+    r.forward(None, None)
     with pytest.raises(InjectedFault):
-        r.model.forward(None, None, None)
-    r.model.forward(None, None, None)  # fires once
+        r.forward(None, None)
+    r.forward(None, None)  # fires once
 
 
 def test_nan_row_poisons_exactly_one_row_once():
     r = _ModelRunner()
     install(r, FaultConfig(nan_row_at_step=2, nan_row=7))  # row clamped to the batch of 3
-    assert torch.isfinite(r.model.forward(None, None, None)).all()
-    logits = r.model.forward(None, None, None)
+    assert torch.isfinite(r.forward(None, None)).all()
+    logits = r.forward(None, None)
     assert torch.isfinite(logits).all(dim=-1).tolist() == [True, True, False]
-    assert torch.isfinite(r.model.forward(None, None, None)).all()
+    assert torch.isfinite(r.forward(None, None)).all()
 
 
 def test_null_runner_nan_marks_row_and_stall_sleeps(monkeypatch):
@@ -89,11 +84,11 @@ def test_arm_file_delays_counting(tmp_path):
     r = _ModelRunner()
     inj = install(r, FaultConfig(forward_raise_at_step=1, arm_file=str(arm)))
     for _ in range(5):
-        r.model.forward(None, None, None)  # unarmed: not counted
+        r.forward(None, None)  # unarmed: not counted
     assert inj.num_steps == 0
     arm.touch()
     with pytest.raises(InjectedFault):
-        r.model.forward(None, None, None)
+        r.forward(None, None)
 
 
 class _Clock:

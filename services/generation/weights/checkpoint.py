@@ -1,13 +1,14 @@
-"""A loaded checkpoint: the architecture plus an HF-named fp32 state dict, checked for completeness."""
+"""A loaded checkpoint: the architecture plus its HF-named weights, checked for completeness."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
 from services.generation.models.config import LlamaConfig
-from services.generation.weights.q4 import Q4Weight
+from services.generation.weights.blocks import BlockWeight
 from services.generation.weights.vocabulary import Vocabulary
 
 
@@ -16,10 +17,19 @@ class Checkpoint:
     name: str  # for logs and ListModels
     source: str  # the file or directory it came from
     config: LlamaConfig
-    state_dict: dict[str, torch.Tensor]  # HF names, fp32, HF layout (q/k permutation undone)
-    # GGUF only, when asked for (load_checkpoint(keep_q4=True)): the 4-bit linear weights as the
-    # file stores them, same names and layout as state_dict (which still holds them dequantized).
-    q4: dict[str, Q4Weight] = field(default_factory=dict)
+    tensors: dict[str, torch.Tensor]  # HF names, fp32, HF layout (q/k permutation undone)
+    # GGUF only: the block-quantized weights as the file's codes (weights/blocks.py), same names and
+    # layout; a name is in exactly one of tensors and blocks.
+    blocks: dict[str, BlockWeight] = field(default_factory=dict)
     # What each token id spells (GGUF tokenizer metadata or tokenizer.json), for structured output;
     # None when the checkpoint carries no vocabulary the grammar library can read.
     vocabulary: Vocabulary | None = None
+
+    def dense(self, name: str) -> torch.Tensor:
+        """One weight as a dense fp32 tensor (block weights dequantized exactly)."""
+        return self.tensors[name] if name in self.tensors else self.blocks[name].dequantize()
+
+    @cached_property
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Every weight dense, HF names (for transformers' load_state_dict in tests and benchmarks)."""
+        return {**self.tensors, **{name: b.dequantize() for name, b in self.blocks.items()}}

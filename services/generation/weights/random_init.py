@@ -64,7 +64,7 @@ def random_checkpoint(config: LlamaConfig = TINY, seed: int = 0, std: float = 0.
             state_dict[name] = 1.0 + 0.1 * torch.randn(shape, generator=g)
         else:
             state_dict[name] = std * torch.randn(shape, generator=g)
-    return Checkpoint(name="random-llama", source="random", config=config, state_dict=state_dict,
+    return Checkpoint(name="random-llama", source="random", config=config, tensors=state_dict,
                       vocabulary=synthetic_vocabulary(config.vocab_size))
 
 

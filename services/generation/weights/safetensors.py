@@ -87,5 +87,5 @@ def load_hf_dir(directory: str) -> Checkpoint:
         state_dict.pop("lm_head.weight", None)
     check_state_dict(config, state_dict, directory)
     name = os.path.basename(os.path.normpath(directory))
-    return Checkpoint(name=name, source=directory, config=config, state_dict=state_dict,
+    return Checkpoint(name=name, source=directory, config=config, tensors=state_dict,
                       vocabulary=vocabulary_from_tokenizer_json(directory))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from services.generation.models.config import CheckpointError
@@ -44,20 +45,20 @@ class Vocabulary:
         return len(self.tokens)
 
 
-def vocabulary_from_gguf(reader) -> Vocabulary | None:
-    """The vocabulary in a GGUF's metadata; None when it has none or one of an unsupported kind."""
-    fields = reader.fields
+def vocabulary_from_gguf(fields: Mapping[str, object]) -> Vocabulary | None:
+    """The vocabulary in a GGUF's metadata (weights/gguf_file.py's decoded fields); None when it has
+    none or one of an unsupported kind."""
     model = fields.get("tokenizer.ggml.model")
     tokens = fields.get("tokenizer.ggml.tokens")
-    if model is None or tokens is None or model.contents() not in _GGUF_ENCODINGS:
+    if model not in _GGUF_ENCODINGS or not isinstance(tokens, list):
         return None
-    encoding = _GGUF_ENCODINGS[model.contents()]
-    spelled = tuple(bytes(tokens.parts[i]).decode("utf-8", "replace") for i in tokens.data)
+    encoding = _GGUF_ENCODINGS[model]
+    spelled = tuple(tokens)
     types = fields.get("tokenizer.ggml.token_type")
-    kinds = types.contents() if types is not None else [1] * len(spelled)
+    kinds = [int(t) for t in types] if types is not None else [1] * len(spelled)
     control = frozenset(i for i, t in enumerate(kinds) if t in (_GGUF_UNKNOWN, _GGUF_CONTROL, _GGUF_UNUSED))
     prefix = fields.get("tokenizer.ggml.add_space_prefix")
-    add_prefix_space = bool(prefix.contents()) if prefix is not None else encoding == BYTE_FALLBACK
+    add_prefix_space = bool(prefix) if prefix is not None else encoding == BYTE_FALLBACK
     return Vocabulary(spelled, encoding, control, add_prefix_space)
 
 

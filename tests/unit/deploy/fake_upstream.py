@@ -60,6 +60,7 @@ class FakeRunner:
         self.model = SimpleNamespace(
             name=name, context_length=8192, input_modalities=frozenset({"text"}),
             tokenizer=SimpleNamespace(decode=lambda ids: "x" * len(ids), token_bytes=lambda t: b"x", vocab_size=100))
+        self.numerics: dict = {}  # no generation backend behind it (RequestRunner.numerics)
 
     def scope(self, client: str = ""):
         budget = SimpleNamespace(charge=lambda size, is_append: None)

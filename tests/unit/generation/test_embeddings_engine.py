@@ -31,7 +31,9 @@ def hf_embedding(model, prompt, dimensions=None, pooling="mean"):
 
 
 def pooling_engine(checkpoint, pooling, num_blocks=128, block_size=4, max_num_batched_tokens=24):
-    runner = ModelRunner(checkpoint, RunnerConfig(num_blocks, block_size, "cpu", num_threads=1, pooling=pooling))
+    # The exact HF path, pinned (the defaults may pick bf16 or a GGUF's block codes: numerics.py).
+    runner = ModelRunner(checkpoint, RunnerConfig(num_blocks, block_size, "cpu", num_threads=1, pooling=pooling,
+                                                  dtype="float32", quantization="none"))
     return Engine(runner, EngineConfig(num_blocks, block_size, 32, max_num_batched_tokens), on_step=lambda out: None)
 
 

@@ -1,5 +1,9 @@
 """Greedy decoding is token-for-token identical to transformers' LlamaForCausalLM (the oracle),
-alone and inside a batch of 16 (batch invariance), on a tiny random model and the real default."""
+alone and inside a batch of 16 (batch invariance), on a tiny random model and the real default.
+
+The oracle path is pinned explicitly: --dtype float32 --quantization none (numerics.py then picks
+the plain reference kernels, eager). The serving CPU kernels are held to the same tokens on the
+tiny model (their fp32 math differs from SDPA only at ulp level), eager and compiled."""
 
 import pytest
 import torch
@@ -45,14 +49,21 @@ def filler_prompts(n, vocab, seed):
             for _ in range(n)]
 
 
-def test_tiny_model_matches_hf_alone_and_in_a_batch_of_16(tiny_checkpoint):
+ORACLE = {"dtype": "float32", "quantization": "none"}  # the exact HF path, pinned
+
+
+@pytest.mark.parametrize("kernels", ["reference", "cpu"])
+def test_tiny_model_matches_hf_alone_and_in_a_batch_of_16(tiny_checkpoint, kernels):
+    numerics = ORACLE if kernels == "reference" else {**ORACLE, "kernels": "cpu"}
     prompts = [[5, 6, 7, 8, 9, 10], [300, 1, 17], list(range(20, 57)), [42]]
     model = hf_model(tiny_checkpoint)
     expected = [hf_greedy(model, p, 16) for p in prompts]
-    alone = [engine_greedy(make_engine(tiny_checkpoint), [p], 16)[0] for p in prompts]
+    engine = make_engine(tiny_checkpoint, **numerics)
+    assert engine.runner.numerics.kernels == kernels
+    alone = [engine_greedy(engine, [p], 16)[0] for p in prompts]
     assert alone == expected
     # 16 concurrent sequences (4 probes + 12 fillers), chunked prefill mixing with decodes
-    batched = engine_greedy(make_engine(tiny_checkpoint, num_blocks=256, max_num_batched_tokens=48),
+    batched = engine_greedy(make_engine(tiny_checkpoint, num_blocks=256, max_num_batched_tokens=48, **numerics),
                             prompts, 16, filler_prompts(12, 500, seed=1))
     assert batched == expected
 
@@ -71,7 +82,8 @@ def test_default_model_matches_hf_alone_and_in_a_batch_of_16():
     model = hf_model(checkpoint)
     expected = [hf_greedy(model, p, 12) for p in prompts]
     del model
-    engine = make_engine(checkpoint, num_blocks=128, block_size=16, max_num_batched_tokens=256)
+    engine = make_engine(checkpoint, num_blocks=128, block_size=16, max_num_batched_tokens=256, **ORACLE)
+    assert engine.runner.numerics.kernels == "reference" and not engine.runner.numerics.quantized
     alone = [engine_greedy(engine, [p], 12)[0] for p in prompts]
     assert alone == expected
     batched = engine_greedy(engine, prompts, 12, filler_prompts(13, 49152, seed=2))

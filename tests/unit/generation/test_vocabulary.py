@@ -28,11 +28,12 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {
 def smollm():
     from gguf import GGUFReader
 
+    from services.generation.weights.gguf_file import GGUFFile
     from services.preprocess.tokenizer import Tokenizer
 
-    reader = GGUFReader(default_model_path())  # opened once (seconds): the same fields feed both sides
+    reader = GGUFReader(default_model_path())  # the preprocess side reads the file with gguf's reader
     tokenizer = Tokenizer.from_gguf_fields({k: f.contents() for k, f in reader.fields.items() if k.startswith("tok")})
-    vocabulary = vocabulary_from_gguf(reader)
+    vocabulary = vocabulary_from_gguf(GGUFFile(default_model_path()).fields)  # what the generation service loads
     return vocabulary, GrammarCompiler(vocabulary, SMOLLM_VOCAB, (SMOLLM_EOS,)), tokenizer
 
 

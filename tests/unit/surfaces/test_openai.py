@@ -166,6 +166,15 @@ def test_models_list_and_retrieve(runner):
     with pytest.raises(MstarError) as info:
         collect(endpoints.retrieve_model, HttpRequest(params={"model": "gpt-4"}), runner, 123)
     assert info.value.code == Code.NOT_FOUND
+    assert "numerics" not in listed["data"][0]  # no generation backend has connected yet
+
+
+def test_models_report_the_backends_numerics(runner):
+    numerics = {"device": "cpu", "weights": "Q4_1 codes x210", "activations": "float32", "kernels": "cpu",
+                "compiled_decode": True}
+    runner.deps.backend.numerics = numerics  # what backend._numerics keeps from the Stream's metadata
+    listed = json.loads(collect(endpoints.list_models, HttpRequest(), runner, 123)[0].data)
+    assert listed["data"][0]["numerics"] == numerics
 
 
 def test_chat_stream_golden_event_sequence():

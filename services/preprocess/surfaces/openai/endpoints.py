@@ -117,8 +117,11 @@ async def _serve(spec: RequestSpec, body, runs: RunScope, *, chat: bool, logprob
 
 def model_object(runs: RunScope, created: int) -> dict:
     model = runs.runner.model
-    return {"id": model.name, "object": "model", "created": created, "owned_by": "mstar",
-            "max_model_len": model.context_length, "input_modalities": sorted(model.input_modalities)}
+    obj = {"id": model.name, "object": "model", "created": created, "owned_by": "mstar",
+           "max_model_len": model.context_length, "input_modalities": sorted(model.input_modalities)}
+    if runs.runner.numerics:  # how the generation backend computes; absent until one has connected
+        obj["numerics"] = dict(runs.runner.numerics)
+    return obj
 
 
 async def list_models(req: HttpRequest, runs: RunScope, created: int) -> AsyncIterator[Frame]:

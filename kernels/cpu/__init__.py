@@ -1,0 +1,85 @@
+"""The CPU serving path's ops: C++ compiled for this machine (``csrc/``), loaded on first use.
+
+    quant_matmul(x [M, K], w: PackedWeight) -> [M, N] fp32
+        activations x GGUF block-quantized weights (packing.py): x is quantized per 32-wide block
+        to int8 and multiplied with the weight's 4- or 8-bit codes in integer arithmetic (VNNI).
+    attention(qkv [T, (Hq + 2 Hk) D], positions, cos_sin, k_cache, v_cache, slot_mapping,
+              block_tables, cu_seqlens_q, context_lens, num_heads, num_kv_heads, scale) -> [T, Hq D]
+        one layer's RoPE + KV-cache write + paged causal attention in one call.
+    argmax_rows(logits [B, V] fp32) -> [B] int64
+        the greedy draw (first index of the max, like torch.argmax, vectorised).
+
+Their plain-torch oracles are kernels.reference.quant_matmul_ref and the reference
+rotary / store_kv / paged_attention ops; tests/kernels/test_cpu_ops.py holds them together.
+``ensure_loaded()`` builds/loads the library (library.py) and registers the ops' fake tensor
+implementations so torch.compile can trace through them as opaque calls.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.cpu import library
+from kernels.cpu.packing import PackedWeight, pack, unpack_rows
+
+__all__ = ["PackedWeight", "argmax_rows", "attention", "ensure_loaded", "load_error", "pack", "quant_matmul",
+           "unpack_rows"]
+
+_fakes_registered = False
+
+
+def ensure_loaded() -> None:
+    """Load torch.ops.mstar_cpu (building it if needed); raises library.KernelBuildError."""
+    global _fakes_registered
+    library.load()
+    if _fakes_registered:
+        return
+
+    @torch.library.register_fake("mstar_cpu::quant_matmul")
+    def _quant_matmul_fake(x, codes, scale, offset, bits, n):
+        return x.new_empty((x.shape[0], n), dtype=torch.float32)
+
+    @torch.library.register_fake("mstar_cpu::attention")
+    def _attention_fake(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables, cu_seqlens_q,
+                        context_lens, num_heads, num_kv_heads, scale):
+        return qkv.new_empty((qkv.shape[0], num_heads * k_cache.shape[-1]))
+
+    @torch.library.register_fake("mstar_cpu::argmax_rows")
+    def _argmax_rows_fake(logits):
+        return logits.new_empty((logits.shape[0],), dtype=torch.int64)
+
+    _fakes_registered = True
+
+
+def load_error() -> library.KernelBuildError | None:
+    """None when the ops are usable here, else why not."""
+    error = library.load_error()
+    if error is None:
+        ensure_loaded()
+    return error
+
+
+def quant_matmul(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:  # [M, K] -> [M, N] fp32
+    return torch.ops.mstar_cpu.quant_matmul(x, w.codes, w.scale, w.offset, w.bits, w.rows)
+
+
+def attention(
+    qkv: torch.Tensor,  # [T, (Hq + 2 Hk) D], contiguous
+    positions: torch.Tensor,  # [T] int64
+    cos_sin: torch.Tensor,  # [max_pos, D] fp32
+    k_cache: torch.Tensor,  # [NB, BS, Hk, D], written at slot_mapping
+    v_cache: torch.Tensor,  # [NB, BS, Hk, D]
+    slot_mapping: torch.Tensor,  # [T] int64, -1 = skip
+    block_tables: torch.Tensor,  # [B, W] int32
+    cu_seqlens_q: torch.Tensor,  # [B + 1] int32
+    context_lens: torch.Tensor,  # [B] int32
+    num_heads: int,
+    num_kv_heads: int,
+    scale: float,
+) -> torch.Tensor:  # [T, Hq D] in qkv's dtype
+    return torch.ops.mstar_cpu.attention(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables,
+                                         cu_seqlens_q, context_lens, num_heads, num_kv_heads, scale)
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:  # [B, V] fp32 -> [B] int64
+    return torch.ops.mstar_cpu.argmax_rows(logits)

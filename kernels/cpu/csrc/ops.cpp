@@ -1,0 +1,30 @@
+// Registers the CPU serving ops as torch.ops.mstar_cpu.* (schemas here, implementations in the
+// other files of this folder). Python side: kernels/cpu/library.py builds and loads this library,
+// kernels/cpu/__init__.py gives the ops shapes for torch.compile (fake tensors).
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+namespace mstar_cpu {
+at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& offset,
+                        int64_t bits, int64_t n);
+at::Tensor attention(const at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos_sin, at::Tensor k_cache,
+                     at::Tensor v_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                     const at::Tensor& cu_seqlens_q, const at::Tensor& context_lens, int64_t num_heads,
+                     int64_t num_kv_heads, double scale);
+at::Tensor argmax_rows(const at::Tensor& logits);
+}  // namespace mstar_cpu
+
+TORCH_LIBRARY(mstar_cpu, m) {
+  m.def("quant_matmul(Tensor x, Tensor codes, Tensor scale, Tensor offset, int bits, int n) -> Tensor");
+  m.def(
+      "attention(Tensor qkv, Tensor positions, Tensor cos_sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+      "Tensor slot_mapping, Tensor block_tables, Tensor cu_seqlens_q, Tensor context_lens, int num_heads, "
+      "int num_kv_heads, float scale) -> Tensor");
+  m.def("argmax_rows(Tensor logits) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(mstar_cpu, CPU, m) {
+  m.impl("quant_matmul", &mstar_cpu::quant_matmul);
+  m.impl("attention", &mstar_cpu::attention);
+  m.impl("argmax_rows", &mstar_cpu::argmax_rows);
+}

@@ -1,0 +1,153 @@
+"""What the generation service computes with: device, activation dtype, weight format, kernels.
+
+Defaults follow the peers (llama.cpp, vLLM, TGI), each choice with its reason in one log line:
+
+  * A GGUF serves at its own quantization: its block-quantized weights (Q4_0/1, Q4_K, Q5_0/1,
+    Q5_K, Q8_0; weights/blocks.py) stay the file's codes and run through kernels/cpu's quantized
+    matmul with int8 activations, as llama.cpp does; activations elsewhere fp32. Other tensors
+    (norms, Q6_K, ...) are dense.
+  * HF safetensors: bf16 where the CPU computes bf16 natively (avx512_bf16 or AMX), else fp32.
+  * CUDA: bf16 and the Triton kernels; GGUF blocks are dequantized (no CUDA block kernel here).
+  * ``--dtype float32 --quantization none`` on CPU is the exact Hugging Face oracle: the plain
+    reference kernels, eager, token-identical to transformers (tests/unit/generation/test_parity.py).
+
+Kernels: "cpu" (kernels/cpu C++ ops, the default on CPU), "reference" (the oracle) or "triton"
+(CUDA). Decode steps run as compiled graphs unless --no-compile (never with the reference kernels:
+the oracle stays eager). When the C++ ops cannot be built here (no compiler), CPU falls back to the
+reference kernels with dense weights, and the log line says why.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import torch
+
+from services.generation.weights.checkpoint import Checkpoint
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+QUANTIZATIONS = ("auto", "gguf", "none")
+KERNELS = ("auto", "cpu", "reference", "triton")
+
+
+@dataclass(frozen=True)
+class Numerics:
+    device: torch.device
+    dtype: torch.dtype  # activations and KV cache
+    quantized: bool  # GGUF blocks served as codes through kernels/cpu quant_matmul
+    kernels: str  # "cpu" | "reference" | "triton"
+    compiled: bool  # decode steps as compiled graphs (torch.compile on CPU, CUDA graphs on CUDA)
+    weights: str  # what the weights are served as, e.g. "Q4_1 x210 + Q8_0 x1 as codes, float32 x61"
+    reason: str  # why, in words
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    def as_metadata(self) -> str:
+        """JSON (ASCII) for the Stream's initial metadata; preprocess reports it in ListModels."""
+        return json.dumps({"device": self.device.type, "weights": self.weights, "activations": self.dtype_name,
+                           "kernels": self.kernels, "compiled_decode": self.compiled})
+
+    def describe(self) -> str:
+        """The start-up log line."""
+        mode = "compiled decode" if self.compiled else "eager"
+        return (f"numerics: {self.device.type}, weights {self.weights}, activations {self.dtype_name}, "
+                f"{self.kernels} kernels, {mode} ({self.reason})")
+
+
+def cpu_has_native_bf16(flags: str | None = None) -> bool:
+    """avx512_bf16 or AMX: the CPU multiplies bf16 in hardware (else bf16 matmuls are emulated, slower than fp32)."""
+    if flags is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = next((line for line in f if line.startswith("flags")), "")
+        except OSError:
+            flags = ""
+    found = set(flags.split())
+    return "avx512_bf16" in found or "amx_bf16" in found
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _weights(checkpoint: Checkpoint, quantized: bool, dtype: torch.dtype) -> str:
+    dense_name = str(dtype).removeprefix("torch.")
+    counts: dict[str, int] = {}
+    for b in checkpoint.blocks.values():
+        key = f"{b.kind} codes" if quantized else dense_name
+        counts[key] = counts.get(key, 0) + 1
+    counts[dense_name] = counts.get(dense_name, 0) + len(checkpoint.tensors)
+    return ", ".join(f"{k} x{n}" for k, n in counts.items() if n)
+
+
+def choose(
+    checkpoint: Checkpoint,
+    device: str = "auto",
+    dtype: str = "auto",
+    quantization: str = "auto",
+    kernels: str = "auto",
+    compile: bool = True,
+    cpu_flags: str | None = None,
+    cpu_kernels_error: Exception | None = None,
+) -> Numerics:
+    """The numerics for this checkpoint on this machine. cpu_kernels_error: why kernels/cpu cannot
+    load here (None: it can); callers pass kernels.cpu.load_error(). Raises ValueError for
+    impossible explicit choices, naming the fix."""
+    if dtype not in ("auto", *DTYPES):
+        raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}")
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {', '.join(KERNELS)}; got {kernels!r}")
+    dev = resolve_device(device)
+    has_blocks = bool(checkpoint.blocks)
+    reasons = []
+
+    if dev.type == "cuda":
+        if quantization == "gguf":
+            raise ValueError("--quantization gguf runs on CPU only (kernels/cpu); on CUDA the blocks are dequantized")
+        if kernels in ("cpu", "reference"):
+            raise ValueError(f"--kernels {kernels} runs on CPU only; CUDA uses the Triton kernels")
+        act = DTYPES[dtype] if dtype != "auto" else torch.bfloat16
+        reasons.append("CUDA: Triton kernels" + (", GGUF blocks dequantized" if has_blocks else ""))
+        return Numerics(dev, act, False, "triton", compile, _weights(checkpoint, False, act), "; ".join(reasons))
+
+    oracle = dtype == "float32" and quantization == "none" and kernels in ("auto", "reference")
+    if oracle or kernels == "reference":
+        kind = "reference"
+        reasons.append("--dtype float32 --quantization none: the exact HF oracle" if oracle else "--kernels reference")
+    elif kernels == "triton":
+        kind = "triton"  # the interpreter (tests); dispatch checks TRITON_INTERPRET
+    elif cpu_kernels_error is not None:
+        if kernels == "cpu" or quantization == "gguf":
+            raise ValueError(f"the CPU kernels cannot be built here: {cpu_kernels_error}")
+        kind = "reference"
+        reasons.append(f"kernels/cpu unavailable ({str(cpu_kernels_error).splitlines()[0]})")
+    else:
+        kind = "cpu"
+
+    if quantization == "gguf" and not has_blocks:
+        raise ValueError(f"--quantization gguf needs a GGUF with block-quantized weights; {checkpoint.source} has none")
+    if quantization == "gguf" and kind != "cpu":
+        raise ValueError(f"--quantization gguf needs the cpu kernels, not {kind}")
+    quantized = has_blocks and kind == "cpu" and quantization != "none"
+    if quantized:
+        reasons.append("the GGUF's own block codes (int8-activation kernels, as llama.cpp)")
+
+    if dtype != "auto":
+        act = DTYPES[dtype]
+    elif quantized or kind == "reference":
+        act = torch.float32
+    elif cpu_has_native_bf16(cpu_flags):
+        act = torch.bfloat16
+        reasons.append("CPU has native bf16 (avx512_bf16/AMX)")
+    else:
+        act = torch.float32
+        reasons.append("no native bf16 on this CPU: fp32")
+    compiled = compile and kind != "reference"
+    return Numerics(dev, act, quantized, kind, compiled, _weights(checkpoint, quantized, act), "; ".join(reasons))

@@ -1,0 +1,28 @@
+"""How the generation backend computes reaches ListModels (protobuf) and GET /v1/models (JSON) as
+exactly Model.numerics' fields: whatever else the Stream's metadata holds is not reported."""
+
+import json
+
+from services.preprocess import wire
+from services.preprocess.backend import NUMERICS_KEY, _numerics
+
+SENT = {"device": "cpu", "weights": "Q4_1 codes x210, Q8_0 codes x1", "activations": "float32", "kernels": "cpu",
+        "compiled_decode": True}
+
+
+def test_the_streams_metadata_becomes_model_numerics():
+    metadata = (("other", "x"), (NUMERICS_KEY, json.dumps({**SENT, "secret": "not for clients"})))
+    numerics = _numerics(metadata)
+    assert numerics == SENT  # the extra key is dropped
+    message = wire.model_numerics(numerics)
+    assert (message.device, message.weights, message.activations, message.kernels, message.compiled_decode) == (
+        "cpu", SENT["weights"], "float32", "cpu", True)
+
+
+def test_missing_or_malformed_metadata_reports_nothing():
+    assert _numerics(()) == {} and _numerics(None) == {}
+    assert _numerics(((NUMERICS_KEY, "{not json"),)) == {}
+    assert _numerics(((NUMERICS_KEY, "[1, 2]"),)) == {}
+    assert wire.model_numerics({}) is None
+    partial = _numerics(((NUMERICS_KEY, json.dumps({"device": "cuda", "compiled_decode": 1})),))
+    assert partial == {"device": "cuda", "weights": "", "activations": "", "kernels": "", "compiled_decode": True}
