@@ -174,6 +174,24 @@ def engine_alone(requests: int = 3) -> dict:
     return {"step_run": hop_table.summary(decode_run), "between_runs": hop_table.summary(between)}
 
 
+def mark_cost_us(n: int = 100_000) -> float:
+    """What one hop_trace.mark() costs on this box (microseconds; records discarded)."""
+    t = time.perf_counter()
+    for i in range(n):
+        hop_trace.mark("pp_recv", "r0", i)
+    cost = (time.perf_counter() - t) / n * 1e6
+    hop_trace._records.clear()
+    return cost
+
+
+def paired_cost_ms(rounds: dict) -> float | None:
+    """Median over rounds of (trace-on ITL p50 - trace-off ITL p50): rounds next to each other
+    share the box's load, so the pairs cancel most of its drift."""
+    on, off = rounds.get("traced", []), rounds.get("untraced", [])
+    diffs = [a - b for a, b in zip(on, off, strict=False)]
+    return round(percentile(diffs, 50), 2) if diffs else None
+
+
 def render(r: dict, meta: dict) -> str:
     state, itl, step = verdict(r)
     state_on, itl_on, _ = verdict(r, "traced")
@@ -216,7 +234,12 @@ def render(r: dict, meta: dict) -> str:
         f"ITL p50 of each round, trace off: {r['rounds_itl_p50_ms'].get('untraced')}; on: "
         f"{r['rounds_itl_p50_ms'].get('traced')} (in the order they ran, alternating).",
         "",
-        "The trace's own cost is the difference between the first two rows. At one stream a token reaches "
+        f"The trace's own cost: ITL p50 trace on - off, median over the rounds' pairs, "
+        f"{_f(paired_cost_ms(r['rounds_itl_p50_ms']))} ms (the rounds' spread is the box's noise); one record "
+        f"costs {r['mark_cost_us']:.2f} µs (timed in the bench's process) and a token in a chunk of its own passes "
+        f"{len(hop_table.TOKEN_HOPS) + 3} recording sites.",
+        "",
+        "At one stream a token reaches "
         "the client once per engine cadence: the serving path below runs beside the next step, so it adds "
         "to the ITL only through what it takes from the engine (the generation process's event loop "
         "shares the GIL with the engine thread; all processes share the cores), which shows as the engine's "
@@ -267,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.hops", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=4, help="requests per round (trace off, then as many on)")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None, help="generation --threads (default: make run's)")
     ap.add_argument("--no-engine-alone", action="store_true", help="skip the engine-alone comparison")
     ap.add_argument("--doc", type=Path, default=DOC)
@@ -289,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         received = asyncio.run(measure(stack.http_url, pids, args.requests, args.rounds))
     finally:
         stack.stop()  # the services flush what they still hold at exit
-    result = {**analyse(received, TRACE_DIR), "engine_alone": alone}
+    result = {**analyse(received, TRACE_DIR), "engine_alone": alone, "mark_cost_us": mark_cost_us()}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "hops.json").write_text(json.dumps({"meta": meta, **result}, indent=1) + "\n")
     args.doc.write_text(render(result, meta))

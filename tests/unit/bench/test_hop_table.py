@@ -85,3 +85,11 @@ def test_itl_is_per_request():
 def test_share_over():
     assert hop_table.share_over([0.1, 0.6, 1.2, 0.4], 0.5) == 0.5
     assert hop_table.share_over([], 0.5) is None
+
+
+def test_trace_cost_pairs_rounds_in_order():
+    from bench.hops import paired_cost_ms
+
+    rounds = {"untraced": [15.0, 21.0, 13.0], "traced": [15.5, 20.0, 13.2]}
+    assert paired_cost_ms(rounds) == 0.2  # pairs +0.5, -1.0, +0.2
+    assert paired_cost_ms({}) is None
