@@ -10,7 +10,7 @@ Hops, in the order a token passes them (all `time.time_ns()`, one box):
     pp_recv       preprocess: the ResultTokens row routed to its request's queue
     pp_detok      preprocess: the request's task detokenized it and ran the stop matcher
     pp_chunk      preprocess: the text chunk leaves the request (extra = the last token it carries)
-    pp_write      preprocess: the OpenAI SSE frame of that chunk handed to grpc
+    pp_write      preprocess: the OpenAI SSE frame of that chunk rendered, yielded toward grpc
     pp_sent       preprocess: grpc took it
     client_recv   client: the SSE data line of that chunk parsed (after Envoy, loopback both ways)
 
@@ -41,7 +41,7 @@ LABELS = {
     ("gen_write", "pp_recv"): "grpc send + loopback + grpc receive + routing in preprocess",
     ("pp_recv", "pp_detok"): "request task wakes, detokenize + stop strings",
     ("pp_detok", "pp_chunk"): "-> chunk event",
-    ("pp_chunk", "pp_write"): "-> OpenAI SSE frame rendered, handed to grpc (chunk written)",
+    ("pp_chunk", "pp_write"): "-> OpenAI SSE frame rendered and written toward grpc (chunk written)",
     ("pp_write", "client_recv"): "grpc send + Envoy (transcoder) + loopback both ways + client parse",
 }
 TOTAL = ("step", "client_recv")

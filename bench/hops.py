@@ -231,6 +231,7 @@ def render(r: dict, meta: dict) -> str:
                   _row("engine alone: between two runs", alone["between_runs"])]
     lines += [
         "",
+        *_serving_cost(r, alone),
         f"ITL p50 of each round, trace off: {r['rounds_itl_p50_ms'].get('untraced')}; on: "
         f"{r['rounds_itl_p50_ms'].get('traced')} (in the order they ran, alternating).",
         "",
@@ -272,6 +273,17 @@ def render(r: dict, meta: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _serving_cost(r: dict, alone: dict) -> list[str]:
+    """What serving takes from the engine per token, in the stack vs alone (p50s)."""
+    if not alone or r["between_runs"]["p50_ms"] is None:
+        return []
+    between = r["between_runs"]["p50_ms"] - alone["between_runs"]["p50_ms"]
+    step = r["step_run"]["p50_ms"] - alone["step_run"]["p50_ms"]
+    return [f"Served vs alone (p50s): the engine's time between two runs differs by {between:+.2f} ms, its step "
+            f"by {step:+.2f} ms (the step difference also carries the box's load, which the engine alone met "
+            "at another moment).", ""]
 
 
 def _row(name: str, s: dict) -> str:

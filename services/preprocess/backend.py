@@ -399,7 +399,7 @@ class GenerationBackend:
                 lp = TokenLogprobs(entry.logprob, tuple(entry.top_token_ids), tuple(entry.top_logprobs))
             request.deliver(TokenStep(frame.token_ids[i], lp))
             if hop_trace.ON:
-                hop_trace.mark("pp_recv", key, frame.loop_indices[i])
+                hop_trace.mark("pp_recv", key, frame.loop_indices[i] if i < len(frame.loop_indices) else -1)
 
 
 NUMERICS_KEY = "mstar-numerics"  # the generation servicer's initial metadata (services/generation/servicer.py)
