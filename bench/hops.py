@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.hops", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=4, help="requests per round (trace off, then as many on)")
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--threads", type=int, default=None, help="generation --threads (default: make run's)")
     ap.add_argument("--no-engine-alone", action="store_true", help="skip the engine-alone comparison")
     ap.add_argument("--doc", type=Path, default=DOC)
