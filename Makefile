@@ -127,6 +127,10 @@ bench-peers: $(STAMP_PROTO) ## Build llama.cpp's llama-server (~8 min, cached in
 	PYTHON=$(PY) bash bench/peers/build_llama_server.sh
 	$(PY) -m bench.run
 
+.PHONY: bench-hops
+bench-hops: $(STAMP_PROTO) ## One token's time at every hop, engine -> Envoy -> client, 1 stream; writes docs/benchmarks-hops.md
+	$(PY) -m bench.hops
+
 .PHONY: bench-gpu
 bench-gpu: ## GPU tests + kernel (vs roofline) and engine benchmarks, < 8 min on an H200, offline; writes docs/kernels.md, docs/benchmarks-engine.md
 	bash bench/gpu_check.sh all

@@ -36,7 +36,7 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from services.common import errors
+from services.common import errors, hop_trace
 from services.common.serving import ServingState, State
 from services.generation.block_manager import BlockManager
 from services.generation.grammar.compiler import GrammarConfig
@@ -267,8 +267,11 @@ class Engine:
             if t.preempted_at is not None:
                 t.preempted_s += now - t.preempted_at
                 t.preempted_at = None
+        started_ns = time.time_ns() if hop_trace.ON else 0
         result = self.runner.run(batch.seqs, batch.num_new_tokens, sampling, pooling)
         done = time.monotonic()
+        if hop_trace.ON:  # bench/hops.py: the step's run (model + sampling), start as extra
+            hop_trace.mark("step", "", out.step, started_ns)
         self.num_steps += 1
         out.num_batched_tokens = batch.num_tokens
         self.stats.num_batched_tokens_total += batch.num_tokens

@@ -38,7 +38,7 @@ from mstar.generation.v1 import generation_service_pb2_grpc as gen_grpc
 from mstar.v1 import messages_pb2 as pb
 from opentelemetry.trace import Span, StatusCode
 
-from services.common import contract, errors, tracing
+from services.common import contract, errors, hop_trace, tracing
 from services.common.serving import ServingState, State
 from services.generation import wire
 from services.generation.outputs import StepOutput
@@ -108,6 +108,9 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
             # Only requests the client still sees as running: one that was already ended here
             # (e.g. a malformed append) must not get a second terminal event.
             rows = [r for r in rows if r.key[1] in stream.active]
+            if hop_trace.ON:
+                for r in rows:
+                    hop_trace.mark("gen_dispatch", r.key[1], r.index, out.step)
             prefilling = [request_id for request_id in prefilling if request_id in stream.active]
             frames = [wire.result_tokens(out.step, rows, out.num_batched_tokens)] if rows else []
             if prefilling:
@@ -120,6 +123,8 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
                     _end_span(stream.spans.pop(request_id, None), item)
             if frames:
                 self._put(stream, gen_pb2.StreamResponse(frames=frames))
+        if hop_trace.ON and (out.completed or out.failed):
+            hop_trace.flush()
 
     def _put(self, stream: _Stream, item) -> None:
         if stream.queue.qsize() >= self.max_queued_frames:
@@ -164,7 +169,11 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
                 if isinstance(item, errors.MstarError):
                     await errors.abort(context, item)
                 if item is not None:
+                    if hop_trace.ON:
+                        _mark_rows("gen_write", item)
                     yield item
+                    if hop_trace.ON:  # grpc took the message (the next one is asked for)
+                        _mark_rows("gen_sent", item)
                 if stream.is_half_closed and not stream.active and stream.queue.empty():
                     return
         finally:
@@ -298,6 +307,15 @@ def _end_span(span: Span | None, item, error: errors.MstarError | None = None) -
             "mstar.prefill_ms": item.prefill_ms, "mstar.ttft_ms": item.ttft_ms, "mstar.decode_ms": item.decode_ms,
         })
     span.end()
+
+
+def _mark_rows(hop: str, response: gen_pb2.StreamResponse) -> None:
+    """bench/hops.py: a hop of every token row in `response`."""
+    for frame in response.frames:
+        if frame.WhichOneof("frame") == "result_tokens" and frame.result_tokens.signal != gen_pb2.SIGNAL_HEARTBEAT:
+            rows = frame.result_tokens
+            for key, index in zip(rows.request_ids, rows.loop_indices, strict=False):  # tolerant: tracing only
+                hop_trace.mark(hop, key, index)
 
 
 def _is_valid_id(request_id: str) -> bool:

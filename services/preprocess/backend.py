@@ -45,7 +45,7 @@ from mstar.generation.v1 import generation_service_pb2 as gen_pb2
 from mstar.generation.v1 import generation_service_pb2_grpc as gen_grpc
 from mstar.v1 import messages_pb2 as pb
 
-from services.common import tracing
+from services.common import hop_trace, tracing
 from services.common.errors import Code, FieldViolation, MstarError, from_code, unavailable
 from services.common.server import channel_options
 from services.preprocess.backend_events import (
@@ -232,6 +232,8 @@ class GenerationBackend:
         request.backend, request.key = self, key
         request.tried.append(self.target)
         self._requests[key] = request
+        if hop_trace.ON:  # bench/hops.py joins this stream key to the public request id
+            hop_trace.mark("alias", key, 0, request.request_id)
         start = pb.PreprocessInput(
             request_id=key,
             client_request_id=request.request_id,
@@ -396,6 +398,8 @@ class GenerationBackend:
             if with_logprobs and (entry := frame.logprobs[i]).ByteSize():
                 lp = TokenLogprobs(entry.logprob, tuple(entry.top_token_ids), tuple(entry.top_logprobs))
             request.deliver(TokenStep(frame.token_ids[i], lp))
+            if hop_trace.ON:
+                hop_trace.mark("pp_recv", key, frame.loop_indices[i] if i < len(frame.loop_indices) else -1)
 
 
 NUMERICS_KEY = "mstar-numerics"  # the generation servicer's initial metadata (services/generation/servicer.py)

@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
+from services.common import hop_trace
 from services.common.errors import Code, MstarError, failed_precondition, renamed
 from services.preprocess import limits as caps
 from services.preprocess.admission import Admission, Ticket
@@ -279,6 +280,8 @@ class RequestRun:
                         logprobs.append(event.logprobs)
                     result = stops.feed(detok.feed([event.token_id]))
                     text += result.text
+                    if hop_trace.ON:
+                        hop_trace.mark("pp_detok", rid, completion - 1)
                     if result.stop is not None:
                         stop = result.stop
                         waited = time.perf_counter()
@@ -299,6 +302,8 @@ class RequestRun:
                 text += stops.finish()
             postprocess_s += time.perf_counter() - started
             if text:
+                if hop_trace.ON:  # chunk number -> the last token it carries
+                    hop_trace.mark("pp_chunk", rid, chunks, completion - 1)
                 yield Chunk(rid, chunks, text, tuple(token_ids), tuple(logprobs))
                 chunks += 1
                 token_ids, logprobs = [], []
@@ -311,6 +316,8 @@ class RequestRun:
                     yield KeepAlive(rid)
                 continue
             self.finished = True
+            if hop_trace.ON:
+                hop_trace.flush()
             if isinstance(terminal, BackendFailed):
                 yield Failed(rid, renamed(terminal.error, self.spec.field_renames))
                 return

@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import replace
 
-from services.common import errors
+from services.common import errors, hop_trace
 from services.common.metrics import timing_headers
 from services.common.sampling_fields import CHAT, COMPLETIONS
 from services.preprocess.chat_template import ChatMessage
-from services.preprocess.request import TOKENS, Part, RequestSpec, Sampling
+from services.preprocess.request import TOKENS, Chunk, Part, RequestSpec, Sampling
 from services.preprocess.runner import RunScope
 from services.preprocess.surfaces import fields
 from services.preprocess.surfaces.http import Frame, HttpRequest, json_frame, parse
@@ -91,9 +91,14 @@ async def _serve(spec: RequestSpec, body, runs: RunScope, *, chat: bool, logprob
     events = merged(streams)
     try:
         async for index, event in events:
+            traced = hop_trace.ON and isinstance(event, Chunk)
             for frame in out.on_event(index, event):
                 started = True
+                if traced:
+                    hop_trace.mark("pp_write", event.request_id, event.index)
                 yield frame
+                if traced:  # grpc took the frame (http_routes yields it straight on)
+                    hop_trace.mark("pp_sent", event.request_id, event.index)
             if out.failure is not None:
                 if not started:
                     raise out.failure
