@@ -28,7 +28,8 @@ TARGETS = [INTERPRETER, GPU]
 @pytest.fixture(autouse=True, scope="session")
 def _torch_threads():
     # Other engineers run tests on the same 2 cores: one thread each avoids oversubscription.
-    torch.set_num_threads(1)
+    # MSTAR_TEST_THREADS: test_cpu_ops_threads.py reruns the C++ op tests with several threads.
+    torch.set_num_threads(int(os.environ.get("MSTAR_TEST_THREADS", "1")))
 
 
 @pytest.fixture(autouse=True)

@@ -300,10 +300,11 @@ void run(const Shapes& s, const at::Tensor& qkv, const at::Tensor& positions, co
   X* op = out.data_ptr<X>();
   for (int64_t t = cu[s.B]; t < s.T; ++t)  // rows no sequence owns (none in the engine's steps)
     for (int64_t i = 0; i < s.Hq * s.D; ++i) op[t * s.Hq * s.D + i] = from_float<X>(0.f);
+  const Item* ip = items.data();  // not `items` in the lambda: a thread_local there is the worker's own (empty) one
   at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t a, int64_t b) {
     thread_local Scratch scratch;
     for (int64_t j = a; j < b; ++j)
-      attend<X, C>(s, items[j], qp, kc, vc, block_tables.data_ptr<int32_t>(), cu, context_lens.data_ptr<int32_t>(),
+      attend<X, C>(s, ip[j], qp, kc, vc, block_tables.data_ptr<int32_t>(), cu, context_lens.data_ptr<int32_t>(),
                    op, scratch);
   });
 }

@@ -290,7 +290,8 @@ at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& codes, const at::
   a.ds.resize(M * nb);
   a.sum.resize(M * nb);
   const float* xp = xf.data_ptr<float>();
-  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) { quantize_rows(xp, m0, m1, K, a); });
+  QuantizedActivations& acts = a;  // not `a` in the lambda: a thread_local there is the worker's own (empty) one
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) { quantize_rows(xp, m0, m1, K, acts); });
   if (half)
     run_groups<c10::Half>(codes, scale, offset, bits, n, M, K, a, out.data_ptr<float>());
   else
