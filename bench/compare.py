@@ -175,6 +175,7 @@ async def _measure(s: Settings, stack, llama, hf: HFProcess, variants: dict, out
             await warm(client, max(out["mstar_variants"][name]["levels"]))
         # Idle after warm-up: the KV cache, compiled graphs and first-batch buffers all exist now.
         out["mstar"]["rss_idle_mb"] = tree_rss_mb(mstar_pids)
+        out["mstar"]["rss_idle_by_process_mb"] = {name: tree_rss_mb([c.pid]) for name, c in stack.children.items()}
         if llama:
             out["llama_server"]["rss_idle_mb"] = tree_rss_mb([llama.pid])
         out["hf_generate"]["rss_idle_mb"] = tree_rss_mb([hf.pid])

@@ -80,7 +80,8 @@ def _rss(m: dict, ll: dict) -> Verdict:
     if not pairs:
         return Verdict(target, "–", None, None)
     ratio, c, mb, lb = max(pairs)
-    return Verdict(target, f"worst at {c} streams: {mb:,.0f} vs {lb:,.0f} MB peak", ratio, ratio <= RSS_VS_LLAMA)
+    return Verdict(target, f"worst at {c} stream{'s' * (c > 1)}: {mb:,.0f} vs {lb:,.0f} MB peak", ratio,
+                   ratio <= RSS_VS_LLAMA)
 
 
 def _transport(t: dict) -> Verdict:

@@ -113,7 +113,8 @@ def render(res: dict, plots: list[str], notes: bool = True) -> str:
             "preprocess + generation; HF: its own process) during the level, from psutil. RSS peak: the highest "
             "summed RSS of those process trees, sampled every 100 ms during the level (bench/memory.py).", ""]
     out += [f"![latency]({p})" for p in plots if "latency" in p]
-    out += ["", *resources(res, levels), "", *_variants(m, ll, variants, levels), "", *_poisson(m, ll), "", *_transport(res.get("transport") or {}, plots), "",
+    out += ["", *resources(res, levels), "", *_variants(m, ll, variants, s), "", *_poisson(m, ll), "",
+            *_transport(res.get("transport") or {}, plots), "",
             *_streamed(res.get("streamed_input") or {}), "", *_profile(m.get("profile") or {})]
     if notes and NOTES.exists():
         out += ["", NOTES.read_text().strip()]
@@ -205,7 +206,7 @@ def _peak(node: dict | None, key: str, c: int) -> float | None:
 def resources(res: dict, levels: list[int]) -> list[str]:
     m, ll, hf = res.get("mstar") or {}, res.get("llama_server") or {}, res.get("hf_generate") or {}
     variants = res.get("mstar_variants") or {}
-    systems = [("mstar defaults", m, _primary(m)), ("llama-server", ll, "http"), ("HF generate", hf, "rows"),
+    systems = [(_mstar_label(res["meta"]["settings"]), m, _primary(m)), ("llama-server", ll, "http"), ("HF generate", hf, "rows"),
                *((f"mstar {n}", v, "http") for n, v in variants.items())]
     out = ["## Memory and start-up", "",
            "Start-up: launch until the system serves, each system started alone (nothing else starting). "
@@ -230,6 +231,9 @@ def resources(res: dict, levels: list[int]) -> list[str]:
     words = [f"{label} {st[k]['ready']:.1f} s" for k, label in
              (("cold", "on an empty Inductor cache"), ("first", "first start of this run, the cache as found"),
               ("warm", "warm (the row above)")) if k in st]
+    by_process = m.get("rss_idle_by_process_mb") or {}
+    if by_process:
+        out += ["", "mstar's idle RSS by process: " + ", ".join(f"{k} {v:,.0f} MB" for k, v in by_process.items()) + "."]
     if words:
         warm = st.get("warm") or {}
         out += ["", "mstar's starts: " + "; ".join(words) + "." + (
@@ -241,7 +245,14 @@ def resources(res: dict, levels: list[int]) -> list[str]:
     return out
 
 
-def _variants(m: dict, ll: dict, variants: dict, levels: list[int]) -> list[str]:
+def _mstar_label(s: dict) -> str:
+    """"mstar defaults", unless this run set mstar's numerics flags."""
+    if (s.get("dtype", "auto"), s.get("quantization", "auto")) == ("auto", "auto"):
+        return "mstar defaults"
+    return f"mstar --dtype {s['dtype']} --quantization {s['quantization']}"
+
+
+def _variants(m: dict, ll: dict, variants: dict, settings: dict) -> list[str]:
     if not variants:
         return []
     out = ["## Numerics variants", "",
@@ -250,7 +261,9 @@ def _variants(m: dict, ll: dict, variants: dict, levels: list[int]) -> list[str]
            "numerics column is what GET /v1/models reports.", "",
            "| mstar | flags | numerics | streams | tok/s | vs defaults | vs llama-server | TTFT p50 | ITL p50 | "
            "ITL p99 | RSS peak MB |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    rows = [("defaults", "auto / auto", m.get("numerics"), m, _primary(m))]
+    s = settings
+    rows = [(_mstar_label(s).removeprefix("mstar "), f"{s['dtype']} / {s['quantization']}", m.get("numerics"), m,
+             _primary(m))]
     rows += [(n, f"{v['dtype']} / {v['quantization']}", v.get("numerics"), v, "http") for n, v in variants.items()]
     shown = sorted({c for v in variants.values() for c in v.get("levels") or []})
     for name, flags, numerics, node, key in rows:
