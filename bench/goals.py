@@ -62,8 +62,9 @@ def evaluate(res: dict) -> list[Verdict]:
     out.append(_rss(m, ll))
     out.append(_transport(res.get("transport") or {}))
     warm = m.get("startup_s")
+    kind = m.get("startup_kind", "warm")
     out.append(Verdict(f"`make run` ready on a warm cache ≤ {READY_WARM_S:.0f} s",
-                       f"{warm:.1f} s" if warm is not None else "–",
+                       f"{warm:.1f} s" + ("" if kind == "warm" else f" ({kind})") if warm is not None else "–",
                        None if warm is None else warm / READY_WARM_S,
                        None if warm is None else warm <= READY_WARM_S))
     return out

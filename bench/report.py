@@ -229,15 +229,16 @@ def resources(res: dict, levels: list[int]) -> list[str]:
         out.append(f"| mstar / llama-server | | {idle} | " + " | ".join(ratios) + " |")
     st = m.get("startup") or {}
     words = [f"{label} {st[k]['ready']:.1f} s" for k, label in
-             (("cold", "on an empty Inductor cache"), ("first", "first start of this run, the cache as found"),
-              ("warm", "warm (the row above)")) if k in st]
+             (("cold", "cold, on an empty Inductor cache"), ("warm", "warm, restarted on the cache the cold start "
+                                                                    "filled (the row above)"),
+              ("as_found", "on the service's own Inductor cache as this box had it (the row above)")) if k in st]
     by_process = m.get("rss_idle_by_process_mb") or {}
     if by_process:
         out += ["", "mstar's idle RSS by process: " + ", ".join(f"{k} {v:,.0f} MB" for k, v in by_process.items()) + "."]
     if words:
-        warm = st.get("warm") or {}
+        warm = st.get("warm") or st.get("as_found") or {}
         out += ["", "mstar's starts: " + "; ".join(words) + "." + (
-            f" Of the warm start: generation SERVING at {warm['generation']:.1f} s, preprocess at "
+            f" Of that start: generation SERVING at {warm['generation']:.1f} s, preprocess at "
             f"{warm['preprocess']:.1f} s, the first request through Envoy took "
             f"{warm['first_request'] - warm['envoy_upstream']:.2f} s." if "first_request" in warm else "")]
     if hf.get("load_s") is not None:
@@ -276,5 +277,9 @@ def _variants(m: dict, ll: dict, variants: dict, settings: dict) -> list[str]:
                        f"{_f(tok)} | {_ratio(tok, _tok(m, _primary(m), c))} | {_ratio(tok, _tok(ll, 'http', c))} | "
                        f"{_f(r['ttft_p50_ms'], 0)} | {_f(r['itl_p50_ms'])} | {_f(r['itl_p99_ms'])} | "
                        f"{_f(r.get('rss_peak_mb'), 0)} |" + (f" errors: {r['errors']}" if r.get("errors") else ""))
+    out += [f"\n{n}: {v['skipped']}." for n, v in variants.items() if v.get("skipped")]
+    planned = [v["name"] for v in settings.get("variants") or [] if v["name"] not in variants]
+    if planned:
+        out += ["", f"Not run (no level in common with this run's levels): {', '.join(planned)}."]
     out += ["", "Start-up and idle RSS of each variant are in the table above."]
     return out

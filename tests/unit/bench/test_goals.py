@@ -40,6 +40,7 @@ def test_every_target_is_listed_with_its_ratio_and_verdict():
     assert transport.ratio == 0.4 and transport.met is False and "1 stream" in transport.value
     ready = _by_start(v, "`make run` ready")
     assert ready.met is True and ready.ratio == 25.0 / 30.0
+    assert ready.value == "25.0 s"
     engine = _by_start(v, "engine alone")
     assert engine.met is None and engine.verdict == "not measured"
 
@@ -61,6 +62,12 @@ def test_missing_or_failed_measurements_are_not_measured_never_met():
     v = goals.evaluate(res)
     for prefix in ("tok/s", "ITL p50", "RSS", "transport", "`make run` ready"):
         assert all(x.met is None and x.ratio is None for x in v if x.target.startswith(prefix)), prefix
+
+
+def test_a_start_on_the_cache_as_found_says_so():
+    res = _results()
+    res["mstar"]["startup_kind"] = "as found"
+    assert _by_start(goals.evaluate(res), "`make run` ready").value == "25.0 s (as found)"
 
 
 def test_grpc_is_compared_when_http_failed():

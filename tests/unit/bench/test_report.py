@@ -19,7 +19,7 @@ def _results() -> dict:
                  "gguf": "m.gguf", "settings": s, "duration_s": 10.0},
         "mstar": {"http": [_row(1, 100, 1111), _row(16, 400, 1222)], "startup_s": 21.5, "rss_idle_mb": 1000,
                   "numerics": numerics,
-                  "startup": {"first": {"ready": 80.0}, "warm": {"ready": 21.5, "generation": 19.0, "preprocess": 3.0,
+                  "startup": {"cold": {"ready": 80.0}, "warm": {"ready": 21.5, "generation": 19.0, "preprocess": 3.0,
                                                                   "envoy_upstream": 19.5, "first_request": 21.5}}},
         "llama_server": {"http": [_row(1, 110, 555), _row(16, 300, 666)], "startup_s": 1.5, "rss_idle_mb": 500},
         "hf_generate": {"rows": [_row(1, 20, 777), _row(16, 90, 888)], "startup_s": 9.0, "load_s": 4.0,
@@ -38,7 +38,7 @@ def test_memory_startup_variants_and_targets_are_rendered():
     assert "| HF generate | 9.0 | 700 | 777 | 888 |" in lines
     assert "| mstar fp32 | 7.0 | 1,300 | 1,333 | – |" in lines
     assert "| mstar / llama-server | | 2.00× | 2.00× | 1.83× |" in lines
-    assert "first start of this run, the cache as found 80.0 s" in doc
+    assert "cold, on an empty Inductor cache 80.0 s" in doc
     fp32 = next(ln for ln in lines if ln.startswith("| fp32 | float32 / none |"))
     assert "| 1 | 30.0 | 0.30× | 0.27× |" in fp32 and "eager" in fp32
     assert "## Issue 12 targets" in doc
