@@ -1,7 +1,7 @@
 """`make bench`: mstar against its peers in one run, then docs/benchmarks.md + plots.
 
-    python -m bench.run                 # QUICK settings, about 15 min on 2 cores
-    python -m bench.run --full          # the whole sweep (1..32 streams, 3 Poisson rates, 1..64 transport)
+    python -m bench.run                 # QUICK settings, ~10 min on a quiet 2-core box
+    python -m bench.run --full          # the whole sweep (1..64 streams, 3 Poisson rates, 1..64 transport)
     python -m bench.run --only compare  # a subset (the doc is still rewritten from what ran)
     python -m bench.run --concurrency 1,4 --max-tokens 8 --variants fp32 --rounds 1 --no-cold-start   # a smoke
 

@@ -1,5 +1,5 @@
-"""What one benchmark run measures. `make bench` uses QUICK (about 15 minutes on 2 cores);
-`python -m bench.run --full` the whole sweep."""
+"""What one benchmark run measures. `make bench` uses QUICK (about 10 minutes on a quiet 2-core
+box, up to 20 on a loaded one); `python -m bench.run --full` the whole sweep."""
 
 from __future__ import annotations
 
