@@ -8,6 +8,7 @@ import random
 import time
 
 from bench.cpu import CpuMeter
+from bench.memory import RssSampler
 from bench.stats import Record, summarize
 
 
@@ -23,11 +24,12 @@ async def run_concurrency(client, prompts, concurrency: int, requests: int, max_
             queue.pop()
             records.append(await client.request(prompts.next(), max_tokens))
 
-    with CpuMeter(pids) as cpu:
+    with CpuMeter(pids) as cpu, RssSampler(pids) as rss:
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - t0
-    return {"mode": "concurrency", "concurrency": concurrency, **summarize(records, wall, cpu.seconds)}
+    return {"mode": "concurrency", "concurrency": concurrency, **summarize(records, wall, cpu.seconds),
+            **_rss(rss)}
 
 
 async def run_poisson(client, prompts, rate: float, requests: int, max_tokens: int,
@@ -43,11 +45,16 @@ async def run_poisson(client, prompts, rate: float, requests: int, max_tokens: i
         await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
         return await client.request(prompt, max_tokens)
 
-    with CpuMeter(pids) as cpu:
+    with CpuMeter(pids) as cpu, RssSampler(pids) as rss:
         t0 = time.perf_counter()
         records = await asyncio.gather(*(one(prompts.next(), at, t0) for at in arrivals))
         wall = time.perf_counter() - t0
-    return {"mode": "poisson", "rate_req_s": rate, **summarize(list(records), wall, cpu.seconds)}
+    return {"mode": "poisson", "rate_req_s": rate, **summarize(list(records), wall, cpu.seconds), **_rss(rss)}
+
+
+def _rss(rss: RssSampler) -> dict:
+    """The servers' peak summed RSS during the level (none when no PIDs were measured)."""
+    return {"rss_peak_mb": rss.peak_mb} if rss.pids else {}
 
 
 async def warm_up(client, prompt: str, max_tokens: int = 4) -> None:

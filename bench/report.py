@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-TARGET_HF, TARGET_LLAMA, TARGET_TRANSPORT = 5.0, 1.0, 0.5
+from bench import goals
+
 NOTES = Path(__file__).with_name("notes.md")
 
 
@@ -57,14 +58,15 @@ def render(res: dict, plots: list[str], notes: bool = True) -> str:
         f"fixed-seed synthetic prompts (~{s['prompt_words']} tokens), exactly {s['max_tokens']} new tokens "
         f"(greedy, ignore-eos), {s['threads']} threads everywhere (mstar `--threads`, HF `torch.set_num_threads`, "
         f"llama.cpp `-t/-tb`). Closed loop: N workers each send requests back to back "
-        f"(2 per worker, 3 at N=1); tok/s = all output tokens / wall time of the level. All three systems are up "
+        f"(2 per worker, 3 at N=1, 1 from N=32 on to keep the run short); tok/s = all output tokens / wall time of the level. All three systems are up "
         f"at once and measured in turns at each level, {s.get('rounds', 1)} rounds; each cell is that system's "
         "best round (interference only slows a run down; every round is in the JSON and in the table below), so a "
         "ratio compares measurements minutes apart at most. "
         "No prompt is sent twice to a system (no prefix-cache help).",
         "",
-        f"Systems: **mstar** = Envoy + preprocess + generation (`services.stack.Stack`, {s.get('dtype', 'float32')} torch on CPU"
-        f"{', 4-bit GGUF weights' if s.get('quantization') == 'gguf' else ''}), "
+        f"Systems: **mstar** = Envoy + preprocess + generation (`services.stack.Stack`, the defaults `make run` "
+        f"serves: `--dtype {s.get('dtype', 'auto')} --quantization {s.get('quantization', 'auto')}`"
+        f"{_numerics_words(m.get('numerics'))}), "
         "driven over HTTP (OpenAI `/v1/completions`, SSE, httpx) and gRPC (`InferenceService.GenerateStream`), "
         "both through Envoy's port; **llama-server** = llama.cpp's C++ server "
         f"({ll.get('version', '–')}; `{ll.get('argv', '')}`) through its own `/v1/completions` with the very same "
@@ -89,42 +91,34 @@ def render(res: dict, plots: list[str], notes: bool = True) -> str:
         out += ["", f"llama-server: {ll['skipped']}."]
     if hf.get("skipped"):
         out += ["", f"HF generate: {hf['skipped']}."]
-    out += ["", *_targets(m, ll, hf, max(levels)), ""]
+    out += ["", *goals.render(res), ""]
     out += [f"![throughput]({p})" for p in plots if "throughput" in p]
     out += ["", "## Latency", "", "TTFT and inter-token latency (gap between token-bearing stream messages) "
             "as the client saw them; HF rows are per batch (TTFT = a 1-token generate of the batch, "
-            "ITL = the rest / 63).", "",
-            "| system | streams | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | e2e p50 | e2e p99 | server CPU-s | CPU ms/token |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            f"ITL = the rest / {s['max_tokens'] - 1}).", "",
+            "| system | streams | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | e2e p50 | e2e p99 | server CPU-s | CPU ms/token "
+            "| RSS peak MB |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    variants = res.get("mstar_variants") or {}
     for name, rows in (("mstar HTTP", m.get("http")), ("mstar gRPC", m.get("grpc")),
-                       ("llama-server", ll.get("http")), ("HF generate", hf.get("rows"))):
+                       ("llama-server", ll.get("http")), ("HF generate", hf.get("rows")),
+                       *((f"mstar {n} HTTP", v.get("http")) for n, v in variants.items())):
         for r in rows or []:
             out.append(f"| {name} | {r['concurrency']} | {_f(r['ttft_p50_ms'], 0)} | {_f(r['ttft_p99_ms'], 0)} | "
                        f"{_f(r['itl_p50_ms'])} | {_f(r['itl_p99_ms'])} | {_f(r['e2e_p50_ms'], 0)} | "
                        f"{_f(r['e2e_p99_ms'], 0)} | {_f(r.get('server_cpu_s'))} | "
-                       f"{_f(r.get('server_cpu_ms_per_token'))} |" + (f" errors: {r['errors']}" if r.get("errors") else ""))
+                       f"{_f(r.get('server_cpu_ms_per_token'))} | {_f(r.get('rss_peak_mb'), 0)} |"
+                       + (f" errors: {r['errors']}" if r.get("errors") else ""))
     out += ["", "All latencies in ms. Server CPU-s: user+system seconds of the service processes (mstar: Envoy + "
-            "preprocess + generation; HF: its own process) during the level, from psutil.", ""]
+            "preprocess + generation; HF: its own process) during the level, from psutil. RSS peak: the highest "
+            "summed RSS of those process trees, sampled every 100 ms during the level (bench/memory.py).", ""]
     out += [f"![latency]({p})" for p in plots if "latency" in p]
-    out += ["", *_poisson(m, ll), "", *_transport(res.get("transport") or {}, plots), "",
+    out += ["", *resources(res, levels), "", *_variants(m, ll, variants, s), "", *_poisson(m, ll), "",
+            *_transport(res.get("transport") or {}, plots), "",
             *_streamed(res.get("streamed_input") or {}), "", *_profile(m.get("profile") or {})]
     if notes and NOTES.exists():
         out += ["", NOTES.read_text().strip()]
     return "\n".join(out) + "\n"
-
-
-def _targets(m, ll, hf, c: int) -> list[str]:
-    mh = _tok(m, _primary(m), c)
-    lines = [f"Targets at {c} streams through Envoy:"]
-    for name, peer, want in (("HF generate", _tok(hf, "rows", c), TARGET_HF),
-                             ("llama-server", _tok(ll, "http", c), TARGET_LLAMA)):
-        if not (mh and peer):
-            lines.append(f"- ≥{want:.1f}× {name}: not measured in this run.")
-            continue
-        got = mh / peer
-        verdict = "**met**" if got >= want else f"**missed** by {100 * (1 - got / want):.0f} % ({got:.2f}× of {want:.1f}×)"
-        lines.append(f"- ≥{want:.1f}× {name}: {got:.2f}× ({mh:.1f} vs {peer:.1f} tok/s) — {verdict}.")
-    return lines
 
 
 def _poisson(m, ll) -> list[str]:
@@ -163,8 +157,8 @@ def _transport(t: dict, plots: list[str]) -> list[str]:
                 f"server's best ({peaks[1]:,.0f} vs {peaks[0]:,.0f} tok/s)."]
     if pcts:
         worst = min(pcts)
-        out += ["", f"Goal ≥{100 * TARGET_TRANSPORT:.0f} % of the ceiling at every level: "
-                f"{'**met**' if worst >= TARGET_TRANSPORT else '**missed**'} (lowest {100 * worst:.0f} %)."]
+        out += ["", f"Goal ≥{100 * goals.TRANSPORT:.0f} % of the ceiling at every level: "
+                f"{'**met**' if worst >= goals.TRANSPORT else '**missed**'} (lowest {100 * worst:.0f} %)."]
     out += [""] + [f"![transport]({p})" for p in plots if "transport" in p]
     return out
 
@@ -193,4 +187,99 @@ def _profile(p: dict) -> list[str]:
         out += [f"| `{k}` | {v} |" for k, v in summary["self_pct"]]
         out += ["", f"{name} — inclusive time of mstar functions:", "", "| function | % |", "|---|---:|"]
         out += [f"| `{k}` | {v} |" for k, v in summary["inclusive_pct"]]
+    return out
+
+
+def _numerics_words(n: dict | None) -> str:
+    """GET /v1/models' numerics in words: what `auto` chose."""
+    if not n:
+        return ""
+    mode = "compiled decode" if n.get("compiled_decode") else "eager"
+    return f": weights {n.get('weights')}, activations {n.get('activations')}, {n.get('kernels')} kernels, {mode}"
+
+
+def _peak(node: dict | None, key: str, c: int) -> float | None:
+    r = _row_at((node or {}).get(key), c)
+    return r.get("rss_peak_mb") if r else None
+
+
+def resources(res: dict, levels: list[int]) -> list[str]:
+    m, ll, hf = res.get("mstar") or {}, res.get("llama_server") or {}, res.get("hf_generate") or {}
+    variants = res.get("mstar_variants") or {}
+    systems = [(_mstar_label(res["meta"]["settings"]), m, _primary(m)), ("llama-server", ll, "http"), ("HF generate", hf, "rows"),
+               *((f"mstar {n}", v, "http") for n, v in variants.items())]
+    out = ["## Memory and start-up", "",
+           "Start-up: launch until the system serves, each system started alone (nothing else starting). "
+           "mstar: `Stack.start()` until ready, the time `make run` prints (three processes launched, gRPC health "
+           "SERVING, Envoy LIVE, one real request through Envoy; the generation warm-up builds or loads the "
+           "compiled step); llama-server: until `/health` answers 200; HF: until the worker is READY "
+           "(imports, model load, a 4-token warm-up). RSS: summed resident memory of the whole process tree "
+           "(mstar: Envoy + preprocess + generation), idle after the warm-up burst and the peak sampled every "
+           "100 ms during each level (bench/memory.py). RSS counts shared pages once per process that maps them.",
+           "", "| system | start-up s | RSS idle MB | " + " | ".join(f"RSS peak MB at {c}" for c in levels) + " |",
+           "|---|---:|---:|" + "---:|" * len(levels)]
+    for name, node, key in systems:
+        if node.get("skipped"):
+            continue
+        peaks = " | ".join(_f(_peak(node, key, c), 0) for c in levels)
+        out.append(f"| {name} | {_f(node.get('startup_s'))} | {_f(node.get('rss_idle_mb'), 0)} | {peaks} |")
+    ratios = [_ratio(_peak(m, _primary(m), c), _peak(ll, "http", c)) for c in levels]
+    if any(r != "–" for r in ratios):
+        idle = _ratio(m.get("rss_idle_mb"), ll.get("rss_idle_mb"))
+        out.append(f"| mstar / llama-server | | {idle} | " + " | ".join(ratios) + " |")
+    st = m.get("startup") or {}
+    words = [f"{label} {st[k]['ready']:.1f} s" for k, label in
+             (("cold", "cold, on an empty Inductor cache"), ("warm", "warm, restarted on the cache the cold start "
+                                                                    "filled (the row above)"),
+              ("as_found", "on the service's own Inductor cache as this box had it (the row above)")) if k in st]
+    by_process = m.get("rss_idle_by_process_mb") or {}
+    if by_process:
+        out += ["", "mstar's idle RSS by process: " + ", ".join(f"{k} {v:,.0f} MB" for k, v in by_process.items()) + "."]
+    if words:
+        warm = st.get("warm") or st.get("as_found") or {}
+        out += ["", "mstar's starts: " + "; ".join(words) + "." + (
+            f" Of that start: generation SERVING at {warm['generation']:.1f} s, preprocess at "
+            f"{warm['preprocess']:.1f} s, the first request through Envoy took "
+            f"{warm['first_request'] - warm['envoy_upstream']:.2f} s." if "first_request" in warm else "")]
+    if hf.get("load_s") is not None:
+        out += ["", f"HF: of its {hf.get('startup_s', 0):.1f} s, the model load took {hf['load_s']:.1f} s."]
+    return out
+
+
+def _mstar_label(s: dict) -> str:
+    """"mstar defaults", unless this run set mstar's numerics flags."""
+    if (s.get("dtype", "auto"), s.get("quantization", "auto")) == ("auto", "auto"):
+        return "mstar defaults"
+    return f"mstar --dtype {s['dtype']} --quantization {s['quantization']}"
+
+
+def _variants(m: dict, ll: dict, variants: dict, settings: dict) -> list[str]:
+    if not variants:
+        return []
+    out = ["## Numerics variants", "",
+           "mstar with other `--dtype`/`--quantization`, each a stack of its own, measured in the same turns "
+           "as the rest at the levels listed (a subset of the levels, to keep `make bench` short). The "
+           "numerics column is what GET /v1/models reports.", "",
+           "| mstar | flags | numerics | streams | tok/s | vs defaults | vs llama-server | TTFT p50 | ITL p50 | "
+           "ITL p99 | RSS peak MB |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    s = settings
+    rows = [(_mstar_label(s).removeprefix("mstar "), f"{s['dtype']} / {s['quantization']}", m.get("numerics"), m,
+             _primary(m))]
+    rows += [(n, f"{v['dtype']} / {v['quantization']}", v.get("numerics"), v, "http") for n, v in variants.items()]
+    shown = sorted({c for v in variants.values() for c in v.get("levels") or []})
+    for name, flags, numerics, node, key in rows:
+        for c in shown:
+            r = _row_at(node.get(key), c)
+            if not r:
+                continue
+            tok = r["tok_s"] if not r.get("errors") else None
+            out.append(f"| {name} | {flags} | {_numerics_words(numerics).removeprefix(': ') or '–'} | {c} | "
+                       f"{_f(tok)} | {_ratio(tok, _tok(m, _primary(m), c))} | {_ratio(tok, _tok(ll, 'http', c))} | "
+                       f"{_f(r['ttft_p50_ms'], 0)} | {_f(r['itl_p50_ms'])} | {_f(r['itl_p99_ms'])} | "
+                       f"{_f(r.get('rss_peak_mb'), 0)} |" + (f" errors: {r['errors']}" if r.get("errors") else ""))
+    out += [f"\n{n}: {v['skipped']}." for n, v in variants.items() if v.get("skipped")]
+    planned = [v["name"] for v in settings.get("variants") or [] if v["name"] not in variants]
+    if planned:
+        out += ["", f"Not run (no level in common with this run's levels): {', '.join(planned)}."]
+    out += ["", "Start-up and idle RSS of each variant are in the table above."]
     return out

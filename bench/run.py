@@ -1,8 +1,9 @@
 """`make bench`: mstar against its peers in one run, then docs/benchmarks.md + plots.
 
-    python -m bench.run                 # QUICK settings, < 10 min on 2 cores
-    python -m bench.run --full          # the whole sweep (1..32 streams, 3 Poisson rates, 1..64 transport)
-    python -m bench.run --only mstar,hf # a subset (the doc is still rewritten from what ran)
+    python -m bench.run                 # QUICK settings, ~10 min on a quiet 2-core box
+    python -m bench.run --full          # the whole sweep (1..64 streams, 3 Poisson rates, 1..64 transport)
+    python -m bench.run --only compare  # a subset (the doc is still rewritten from what ran)
+    python -m bench.run --concurrency 1,4 --max-tokens 8 --variants fp32 --rounds 1 --no-cold-start   # a smoke
 
 Order: the comparison (mstar through Envoy, llama-server if built, HF generate; all up, measured
 in turns per level, see bench/compare.py), then the transport ceiling, then streamed input.
@@ -61,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, help="override the comparison's rounds")
     ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], help="mstar's --dtype (default auto)")
     ap.add_argument("--quantization", choices=["auto", "gguf", "none"], help="mstar's --quantization (default auto)")
+    ap.add_argument("--variants", help="mstar numerics variants to run as extra rows: a comma list of names in "
+                                       "bench/settings.py (fp32, bf16), or none")
+    ap.add_argument("--max-tokens", type=int, help="new tokens per request (default 64)")
+    ap.add_argument("--no-cold-start", action="store_true",
+                    help="start mstar once on its own Inductor cache (no cold start, no warm restart)")
     args = ap.parse_args(argv)
     s = FULL if args.full else QUICK
     if args.concurrency:
@@ -72,6 +78,16 @@ def main(argv: list[str] | None = None) -> int:
         s.dtype = args.dtype
     if args.quantization:
         s.quantization = args.quantization
+    if args.variants is not None:
+        names = set(args.variants.split(",")) - {"none", ""}
+        unknown = names - {v["name"] for v in s.variants}
+        if unknown:
+            ap.error(f"unknown variants {sorted(unknown)}; known: {[v['name'] for v in s.variants]}")
+        s.variants = [v for v in s.variants if v["name"] in names]
+    if args.max_tokens:
+        s.max_tokens = args.max_tokens
+    if args.no_cold_start:
+        s.cold_start = False
     only = set(args.only.split(","))
     from services.generation.weights.locate import default_model_path
 

@@ -124,6 +124,7 @@ class HFProcess:
         self.argv = ["--prompt-words", str(prompt_words), "--max-tokens", str(max_tokens), "--threads", str(threads)]
         self.proc = None
         self.info: dict = {}
+        self._launched = 0.0
 
     def start(self) -> HFProcess:
         import subprocess
@@ -131,6 +132,7 @@ class HFProcess:
         from bench import procs
 
         procs.LOG_DIR.mkdir(parents=True, exist_ok=True)
+        self._launched = time.monotonic()
         self.proc = subprocess.Popen(procs.python("bench.peers.hf_generate", *self.argv), cwd=procs.ROOT,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=open(procs.LOG_DIR / "hf.log", "wb"),  # noqa: SIM115
@@ -144,7 +146,9 @@ class HFProcess:
         raise RuntimeError(f"HF worker exited ({self.proc.wait()}); see bench/out/logs/hf.log")
 
     def wait_ready(self) -> dict:
-        self.info = self._read("READY")
+        """The worker's info, with startup_s: launch until READY (interpreter, imports, model load and
+        a 4-token warm-up; load_s is the model load alone)."""
+        self.info = {**self._read("READY"), "startup_s": time.monotonic() - self._launched}
         return self.info
 
     @property

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from bench import procs
@@ -40,6 +41,7 @@ class LlamaServer:
                      "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(slots * ctx_per_slot),
                      "-cb", "--no-webui", "-a", "default"]
         self.proc: subprocess.Popen | None = None
+        self.startup_s: float | None = None  # launch until /health answers 200 (model loaded, slots up)
 
     @property
     def base_url(self) -> str:
@@ -51,8 +53,10 @@ class LlamaServer:
         return self.proc.pid
 
     def __enter__(self) -> LlamaServer:
+        t0 = time.monotonic()
         self.proc = procs.spawn("llama-server", self.argv)
         procs.wait_http(self.base_url + "/health", self.proc, timeout=120)
+        self.startup_s = time.monotonic() - t0
         return self
 
     def __exit__(self, *exc) -> None:
