@@ -7,8 +7,11 @@ call_soon_threadsafe) splits it per stream into ONE StreamResponse holding that 
 ResultTokens rows (and heartbeat rows for requests that only prefilled) followed by the same
 step's RequestComplete / RequestFailed frames. When a stream ends for any reason, every request
 still running on it is aborted (blocks freed within a step). A stream whose reader stops reading
-and lets ``max_queued_frames`` pile up is ended with RESOURCE_EXHAUSTED, so one stalled client
-cannot grow the server's memory.
+is ended with RESOURCE_EXHAUSTED, so one stalled client cannot grow the server's memory: when
+``max_queued_frames`` are waiting and grpc took none of them for ``stall_s``, or in any case at ten
+times that many. Depth alone is not a stall: an engine that steps faster than a busy preprocess
+reads (the null engine at 64 streams: ~10k frames in a second) must not lose every request of a
+reader that is still reading.
 
 Every client frame is checked against the contract's declared bounds (services/common/contract.py)
 before anything else touches it. A frame that names a valid request id fails only that request;
@@ -30,6 +33,7 @@ import asyncio
 import itertools
 import logging
 import re
+import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -62,15 +66,18 @@ class _Stream:
     active: set[str] = field(default_factory=set)
     spans: dict[str, Span] = field(default_factory=dict)  # request id -> its generation.request span
     is_half_closed: bool = False
+    last_sent: float = field(default_factory=time.monotonic)  # grpc last took a message from the writer
 
 
 class GenerationServicer(gen_grpc.GenerationServiceServicer):
-    def __init__(self, serving: ServingState, status_interval_ms: int = 0, max_queued_frames: int = 10_000):
+    def __init__(self, serving: ServingState, status_interval_ms: int = 0, max_queued_frames: int = 10_000,
+                 stall_s: float = 30.0):
         self.engine = None  # set once the model is loaded and warm
         self.serving = serving
         self.numerics = ""  # JSON sent as NUMERICS_KEY initial metadata; set with the engine
         self.default_status_interval_ms = status_interval_ms
         self.max_queued_frames = max_queued_frames
+        self.stall_s = stall_s
         self._streams: dict[int, _Stream] = {}
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -127,9 +134,15 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
             hop_trace.flush()
 
     def _put(self, stream: _Stream, item) -> None:
-        if stream.queue.qsize() >= self.max_queued_frames:
+        if self._is_stalled(stream):
             item = errors.resource_exhausted("the client stopped reading its stream", "SLOW_CONSUMER", None)
         stream.queue.put_nowait(item)
+
+    def _is_stalled(self, stream: _Stream) -> bool:
+        queued = stream.queue.qsize()
+        if queued >= 10 * self.max_queued_frames:
+            return True
+        return queued >= self.max_queued_frames and time.monotonic() - stream.last_sent > self.stall_s
 
     def fail_everything(self, error: errors.MstarError) -> None:
         """The engine failed or is stuck: end every running request here (new ones are refused
@@ -172,6 +185,7 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
                     if hop_trace.ON:
                         _mark_rows("gen_write", item)
                     yield item
+                    stream.last_sent = time.monotonic()
                     if hop_trace.ON:  # grpc took the message (the next one is asked for)
                         _mark_rows("gen_sent", item)
                 if stream.is_half_closed and not stream.active and stream.queue.empty():

@@ -1,0 +1,42 @@
+"""When the generation service ends a stream as a slow consumer (SLOW_CONSUMER): only a reader
+that stopped reading, not one that is merely behind a fast engine."""
+
+from __future__ import annotations
+
+import time
+
+from services.common import errors
+from services.common.serving import ServingState
+from services.generation.servicer import GenerationServicer, _Stream
+
+
+def _fill(servicer: GenerationServicer, stream: _Stream, frames: int) -> list:
+    for i in range(frames):
+        servicer._put(stream, i)
+    return [stream.queue.get_nowait() for _ in range(stream.queue.qsize())]
+
+
+def _slow_consumer_errors(items: list) -> list:
+    return [i for i in items if isinstance(i, errors.MstarError) and i.reason == "SLOW_CONSUMER"]
+
+
+def test_a_deep_queue_whose_reader_is_still_reading_is_kept():
+    servicer = GenerationServicer(ServingState("generation"), max_queued_frames=10, stall_s=30.0)
+    stream = _Stream(1)  # last_sent: just now
+    assert not _slow_consumer_errors(_fill(servicer, stream, 50))
+
+
+def test_a_deep_queue_whose_reader_took_nothing_for_stall_s_ends_the_stream():
+    servicer = GenerationServicer(ServingState("generation"), max_queued_frames=10, stall_s=30.0)
+    stream = _Stream(1)
+    stream.last_sent = time.monotonic() - 31
+    items = _fill(servicer, stream, 11)
+    assert items[:10] == list(range(10))
+    assert _slow_consumer_errors(items[10:]) == items[10:]
+
+
+def test_ten_times_the_limit_ends_the_stream_even_while_it_reads():
+    servicer = GenerationServicer(ServingState("generation"), max_queued_frames=10, stall_s=30.0)
+    stream = _Stream(1)
+    items = _fill(servicer, stream, 101)
+    assert items[:100] == list(range(100)) and _slow_consumer_errors(items[100:]) == items[100:]
