@@ -44,11 +44,21 @@ def best_row(rows: list[dict]) -> dict:
     return row
 
 
+def _thread_args(s: Settings) -> list[str]:
+    if s.mstar_threads == "auto":
+        return []  # the generation service's own default (services/generation/threads.py)
+    return ["--threads", str(s.mstar_threads or s.threads)]
+
+
 def _stack(s: Settings, name: str, dtype: str, quantization: str):
     from services.stack import Stack, StackConfig
 
+    # The load generator is one client: let it use every slot at the top level (fair admission
+    # would cap one client at 3/4 of them, 48 of the default 64).
+    slots = str(max(64, *s.concurrency))
     config = StackConfig.with_free_ports(log_dir=OUT / "logs" / name, ready_timeout_s=600.0, dtype=dtype,
-                                         quantization=quantization, generation_args=["--threads", str(s.threads)])
+                                         quantization=quantization, generation_args=_thread_args(s),
+                                         preprocess_args=["--max-requests", slots, "--max-requests-per-client", slots])
     return Stack(config)
 
 

@@ -40,6 +40,16 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}×" if a and b else "–"
 
 
+def _threads(s: dict) -> str:
+    peers = f"{s['threads']} threads for HF (`torch.set_num_threads`) and llama.cpp (`-t/-tb`)"
+    mine = s.get("mstar_threads")
+    if mine == "auto":
+        return peers + "; mstar with its own default (no `--threads`: the usable CPUs minus one for Envoy and preprocess)"
+    if mine:
+        return peers + f"; mstar `--threads {mine}`"
+    return f"{s['threads']} threads everywhere (mstar `--threads`, HF `torch.set_num_threads`, llama.cpp `-t/-tb`)"
+
+
 def render(res: dict, plots: list[str], notes: bool = True) -> str:
     m, ll, hf, meta = res.get("mstar") or {}, res.get("llama_server") or {}, res.get("hf_generate") or {}, res["meta"]
     s = meta["settings"]
@@ -56,8 +66,7 @@ def render(res: dict, plots: list[str], notes: bool = True) -> str:
         "",
         f"Workload: SmolLM2-135M-Instruct Q4_1 GGUF (the same file for every system), {s['prompt_words']}-word "
         f"fixed-seed synthetic prompts (~{s['prompt_words']} tokens), exactly {s['max_tokens']} new tokens "
-        f"(greedy, ignore-eos), {s['threads']} threads everywhere (mstar `--threads`, HF `torch.set_num_threads`, "
-        f"llama.cpp `-t/-tb`). Closed loop: N workers each send requests back to back "
+        f"(greedy, ignore-eos), {_threads(s)}. Closed loop: N workers each send requests back to back "
         f"(2 per worker, 3 at N=1, 1 from N=32 on to keep the run short); tok/s = all output tokens / wall time of the level. All three systems are up "
         f"at once and measured in turns at each level, {s.get('rounds', 1)} rounds; each cell is that system's "
         "best round (interference only slows a run down; every round is in the JSON and in the table below), so a "

@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, help="new tokens per request (default 64)")
     ap.add_argument("--no-cold-start", action="store_true",
                     help="start mstar once on its own Inductor cache (no cold start, no warm restart)")
+    ap.add_argument("--mstar-threads", help="mstar's --threads: a number, or auto for its own default "
+                                            "(default: the same as every peer's)")
     args = ap.parse_args(argv)
     s = FULL if args.full else QUICK
     if args.concurrency:
@@ -86,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         s.variants = [v for v in s.variants if v["name"] in names]
     if args.max_tokens:
         s.max_tokens = args.max_tokens
+    if args.mstar_threads:
+        s.mstar_threads = args.mstar_threads
     if args.no_cold_start:
         s.cold_start = False
     only = set(args.only.split(","))

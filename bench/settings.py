@@ -13,6 +13,9 @@ class Settings:
     dtype: str = "auto"  # mstar generation --dtype (HF stays fp32; llama-server reads the Q4_1 GGUF)
     quantization: str = "auto"  # mstar generation --quantization (auto: the GGUF's own block codes)
     threads: int = 2  # torch threads (mstar, HF) and llama.cpp -t/-tb: the same for every peer
+    # mstar's own: None = `threads` too; "auto" = what mstar picks without --threads (the usable CPUs
+    # minus a reserve for Envoy and preprocess: 1 of 2 cores here), the same 2-core budget.
+    mstar_threads: str | None = None
     slots: int = 16  # llama-server -np
     concurrency: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
     grpc_concurrency: list[int] = field(default_factory=lambda: [16])  # mstar over gRPC through Envoy
