@@ -27,6 +27,7 @@ from services.common.serving import State
 from services.generation.engine import Engine, EngineConfig, SamplingParams
 from services.generation.faults import install_from_env
 from services.generation.servicer import GenerationServicer
+from services.generation.torch_thread import TorchThread
 from services.generation.watchdog import DEFAULT_TIMEOUT_S, watch_engine
 
 log = logging.getLogger("services.generation")
@@ -124,7 +125,8 @@ async def serve(args) -> bool:
     server.add(gen_grpc.add_GenerationServiceServicer_to_server, servicer, "mstar.generation.v1.GenerationService")
     port = await server.start()
     print(f"generation service listening on port {port}", flush=True)
-    runner = install_from_env(await asyncio.to_thread(build_runner, args))  # MSTAR_FAULTS: tests only
+    torch_thread = TorchThread()  # load, compile and step on one thread: one OpenMP pool (torch_thread.py)
+    runner = install_from_env(await torch_thread.call(build_runner, args))  # MSTAR_FAULTS: tests only
     numerics = getattr(runner, "numerics", None)
     servicer.numerics = numerics.as_metadata() if numerics else json.dumps({"kernels": "null engine"})
     config = EngineConfig(args.kv_blocks, args.block_size, args.max_num_seqs, args.max_batched_tokens)
@@ -141,8 +143,8 @@ async def serve(args) -> bool:
     # The warm-up request's key names no stream, so the servicer drops its outputs.
     engine = Engine(runner, config, on_step, state)
     servicer.attach(engine, loop)
-    engine.start()
-    await asyncio.to_thread(warm_up, engine)
+    engine.start(torch_thread)
+    await asyncio.to_thread(warm_up, engine)  # waits on the engine; runs no torch itself
     state.serve()
 
     def on_stall(stalled_s: float) -> None:  # watchdog thread; the engine thread is stuck
@@ -171,6 +173,7 @@ async def serve(args) -> bool:
     await server.wait_for_shutdown(args.grace_s, on_drain=drain)
     watchdog.stop()
     engine.stop()
+    torch_thread.shutdown()
     tracing.shutdown()
     return state.state is State.FAILED
 

@@ -33,10 +33,11 @@ import random
 import threading
 import time
 from collections.abc import Callable, Hashable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 
 from services.common import errors, hop_trace
+from services.generation.torch_thread import TorchThread
 from services.common.serving import ServingState, State
 from services.generation.block_manager import BlockManager
 from services.generation.grammar.compiler import GrammarConfig
@@ -97,6 +98,7 @@ class Engine:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._loop_done: Future | None = None
         self._next_seq_id = 0
         self._is_stalled = False  # the last step found nothing it could schedule
         self._wall_offset = time.time() - time.monotonic()
@@ -121,7 +123,12 @@ class Engine:
     def num_unfinished(self) -> int:
         return len(self.seqs)  # a dict's len is safe to read from another thread
 
-    def start(self) -> None:
+    def start(self, thread: TorchThread | None = None) -> None:
+        """Run the loop on `thread` (the generation service's, where its runner was built: one
+        OpenMP pool, services/generation/torch_thread.py), else on a new daemon thread."""
+        if thread is not None:
+            self._loop_done = thread.submit(self._loop)
+            return
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -130,6 +137,8 @@ class Engine:
         self._commands.put(("wake",))
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._loop_done is not None:
+            wait([self._loop_done], timeout)
         self.grammars.close()
 
     # -- loop thread ----------------------------------------------------------------------------

@@ -2,12 +2,14 @@
 minus what the rest of the stack needs.
 
     usable = min(len(sched_getaffinity(0)), cgroup CPU quota)     (cgroup v2 cpu.max, or v1 cfs quota)
-    default = max(1, floor(usable) - reserve),  reserve = max(1, round(usable / 8))
+    default = max(1, floor(usable) - reserve),  reserve = floor(usable) // 8
 
 The reserve is what Envoy and the preprocess service (tokenize, detokenize, stream) need next to
-the engine when ``make run`` puts all three on one machine: on the shared 2-core box generation
-gets 1 thread (2 threads there measured slower through the whole stack: OpenMP workers spin on
-the core the other processes need, docs/benchmarks-engine.md); a 32-core server gets 28, not 1.
+the engine when ``make run`` puts all three on one machine: one core in eight (a 32-core server
+gets 28 threads, 16 cores 14), none below 8 cores. Measured on the shared 2-core box through the
+whole stack (docs/benchmarks.md, 2026-12-01): 2 threads beat 1 at every load, 1.38x at 1 stream
+(Envoy and preprocess together used about a tenth of a core there) and 1.6x at 64; the old reserve
+of one core was an artefact of a second OpenMP pool throttling every step (torch_thread.py).
 ``--threads N`` overrides it.
 """
 
@@ -46,5 +48,5 @@ def usable_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> float:
 def default_threads(usable: float | None = None) -> int:
     usable = usable_cpus() if usable is None else usable
     whole = max(1, math.floor(usable))
-    reserve = max(1, round(whole / 8))
+    reserve = whole // 8
     return max(1, whole - reserve)

@@ -147,3 +147,30 @@ def test_loop_thread_reports_steps_through_the_callback(tiny_checkpoint):
     assert sum(len(o.tokens) for o in seen) == 8
     assert all(len({t.key for t in o.tokens}) == len(o.tokens) for o in seen)  # one row per request per step
     time.sleep(0)
+
+
+def test_the_loop_runs_on_the_torch_thread_that_built_the_runner(tiny_checkpoint):
+    # One thread runs torch in the service: model load, warm-up and every step (a second live
+    # OpenMP pool throttles each parallel region, services/generation/torch_thread.py).
+    from services.generation.torch_thread import TorchThread
+
+    torch_thread = TorchThread()
+    builder = torch_thread.submit(threading.get_ident).result(10)
+    engine = make_engine(tiny_checkpoint)
+    stepped_on, done = set(), threading.Event()
+
+    def on_step(out):
+        stepped_on.add(threading.get_ident())
+        if out.completed:
+            done.set()
+
+    engine.on_step = on_step
+    engine.start(torch_thread)
+    try:
+        engine.add_request("a", [5, 6, 7], GREEDY)
+        assert done.wait(10)
+    finally:
+        engine.stop()
+        torch_thread.shutdown()
+    assert stepped_on == {builder} != {threading.get_ident()}
+    assert engine._loop_done.done()  # stop() ended the loop it submitted

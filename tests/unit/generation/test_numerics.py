@@ -117,6 +117,6 @@ def test_usable_cpus_is_the_affinity_capped_by_the_cgroup_quota(tmp_path, monkey
     assert usable_cpus(_cgroup(tmp_path / "e", v2="800000 100000")) == 2  # the affinity mask is smaller
 
 
-@pytest.mark.parametrize(("usable", "threads"), [(1, 1), (1.5, 1), (2, 1), (4, 3), (8, 7), (16, 14), (32, 28)])
+@pytest.mark.parametrize(("usable", "threads"), [(1, 1), (1.5, 1), (2, 2), (4, 4), (7.5, 7), (8, 7), (16, 14), (32, 28)])
 def test_default_threads_leave_room_for_envoy_and_preprocess(usable, threads):
     assert default_threads(usable) == threads
