@@ -24,6 +24,7 @@ from services.common.logs import setup_logging
 from services.common.metrics import GenerationMetrics, start_metrics_server
 from services.common.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer
 from services.common.serving import State
+from services.generation import heap
 from services.generation.engine import Engine, EngineConfig, SamplingParams
 from services.generation.faults import install_from_env
 from services.generation.servicer import GenerationServicer
@@ -45,8 +46,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="torch threads on CPU; default: the usable CPUs (affinity, cgroup quota) minus a reserve "
                         "for Envoy and preprocess (services/generation/threads.py)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="activations and KV cache; auto: bf16 on CUDA and on CPUs with native bf16, else fp32 "
+                   help="activations; auto: bf16 on CUDA and on CPUs with native bf16, else fp32 "
                         "(services/generation/numerics.py)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="the KV cache's dtype; auto: bf16 when serving a GGUF's codes (as llama.cpp's f16 cache), "
+                        "else the activations'")
     p.add_argument("--quantization", default="auto", choices=["auto", "gguf", "none"],
                    help="auto/gguf: serve a GGUF's block-quantized weights as the file's codes (CPU); none: dense. "
                         "--dtype float32 --quantization none is the exact HF oracle")
@@ -91,11 +95,14 @@ def build_runner(args):
     checkpoint = load_checkpoint(args.model)
     t1 = time.monotonic()
     config = RunnerConfig(args.kv_blocks, args.block_size, args.device, args.threads, dtype=args.dtype,
+                          kv_cache_dtype=args.kv_cache_dtype,
                           quantization=args.quantization, kernels=args.kernels, compile=args.compile,
                           max_num_seqs=args.max_num_seqs, pooling=args.embedding_pooling)
     runner = ModelRunner(checkpoint, config)
     t2 = time.monotonic()
     runner.warm_up()  # compiled decode graphs: part of readiness
+    del checkpoint
+    log.info("heap trimmed", extra={"trimmed": heap.trim()})  # the load's decoded copies are freed but still resident (heap.py)
     log.info("model loaded", extra={"load_s": round(t1 - t0, 2), "build_s": round(t2 - t1, 2),
                                     "warm_up_s": round(time.monotonic() - t2, 2)})
     return runner

@@ -37,7 +37,6 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 
 from services.common import errors, hop_trace
-from services.generation.torch_thread import TorchThread
 from services.common.serving import ServingState, State
 from services.generation.block_manager import BlockManager
 from services.generation.grammar.compiler import GrammarConfig
@@ -57,6 +56,7 @@ from services.generation.sampling_params import SamplingParams, validate_embeddi
 from services.generation.scheduler import Scheduler, SchedulerConfig
 from services.generation.sequence import Sequence, SequenceStatus, Timing
 from services.generation.stats import EngineStats
+from services.generation.torch_thread import TorchThread
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,8 @@ class RunnerConfig:
     device: str = "auto"  # auto: cuda when available, else cpu
     num_threads: int | None = None  # torch intra-op threads on CPU; None: threads.default_threads()
     force_triton: bool = False  # run the Triton kernels under TRITON_INTERPRET=1 (tests)
-    dtype: str = "auto"  # auto | float32 | bfloat16 (activations and KV cache); numerics.py
+    dtype: str = "auto"  # auto | float32 | bfloat16 (activations); numerics.py
+    kv_cache_dtype: str = "auto"  # auto (bf16 for a GGUF's codes, else the activations') | float32 | bfloat16
     quantization: str = "auto"  # auto (a GGUF's own blocks) | gguf (required) | none (dense)
     kernels: str = "auto"  # auto | cpu | reference (the HF oracle) | triton
     compile: bool = True  # the step as compiled code (compiled_step.py); False: eager
@@ -63,7 +64,7 @@ class ModelRunner:
         kernels = "triton" if config.force_triton else config.kernels
         cpu_error = cpu.load_error() if kernels in ("auto", "cpu") and resolve_device(config.device).type == "cpu" else None
         self.numerics = choose(checkpoint, config.device, config.dtype, config.quantization, kernels, config.compile,
-                               cpu_kernels_error=cpu_error)
+                               cpu_kernels_error=cpu_error, kv_cache_dtype=config.kv_cache_dtype)
         self.device, self.dtype = self.numerics.device, self.numerics.dtype
         if self.device.type == "cpu":
             torch.set_num_threads(config.num_threads or default_threads())
@@ -73,7 +74,8 @@ class ModelRunner:
         with torch.inference_mode():
             self.model = Transformer(checkpoint.config, self.ops, checkpoint.tensors, self.device, self.dtype,
                                      checkpoint.blocks, quantized=self.numerics.quantized)
-            self.kv_cache = KVCache(checkpoint.config, config.num_blocks, config.block_size, self.device, self.dtype)
+            self.kv_cache = KVCache(checkpoint.config, config.num_blocks, config.block_size, self.device,
+                                    self.numerics.kv_cache_dtype)
         self.sampler = Sampler(self.ops, self.device)
         self.compiled: CompiledStep | CudaGraphDecode | None = None
         if self.numerics.compiled and self.device.type == "cuda":

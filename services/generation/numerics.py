@@ -4,8 +4,9 @@ Defaults follow the peers (llama.cpp, vLLM, TGI), each choice with its reason in
 
   * A GGUF serves at its own quantization: its block-quantized weights (Q4_0/1, Q4_K, Q5_0/1,
     Q5_K, Q8_0; weights/blocks.py) stay the file's codes and run through kernels/cpu's quantized
-    matmul with int8 activations, as llama.cpp does; activations elsewhere fp32. Other tensors
-    (norms, Q6_K, ...) are dense.
+    matmul with int8 activations, as llama.cpp does; activations elsewhere fp32; the KV cache bf16
+    (llama.cpp's is f16 by default): half the bytes of the largest allocation, read by the fused
+    attention op in fp32. Other tensors (norms, Q6_K, ...) are dense.
   * HF safetensors: bf16 where the CPU computes bf16 natively (avx512_bf16 or AMX), else fp32.
   * CUDA: bf16 and the Triton kernels; GGUF blocks are dequantized (no CUDA block kernel here).
   * ``--dtype float32 --quantization none`` on CPU is the exact Hugging Face oracle: the plain
@@ -34,12 +35,17 @@ KERNELS = ("auto", "cpu", "reference", "triton")
 @dataclass(frozen=True)
 class Numerics:
     device: torch.device
-    dtype: torch.dtype  # activations and KV cache
+    dtype: torch.dtype  # activations
     quantized: bool  # GGUF blocks served as codes through kernels/cpu quant_matmul
     kernels: str  # "cpu" | "reference" | "triton"
     compiled: bool  # decode steps as compiled graphs (torch.compile on CPU, CUDA graphs on CUDA)
     weights: str  # what the weights are served as, e.g. "Q4_1 x210 + Q8_0 x1 as codes, float32 x61"
     reason: str  # why, in words
+    kv_dtype: torch.dtype | None = None  # the KV cache's; None: the activations'
+
+    @property
+    def kv_cache_dtype(self) -> torch.dtype:
+        return self.kv_dtype or self.dtype
 
     @property
     def dtype_name(self) -> str:
@@ -48,13 +54,15 @@ class Numerics:
     def as_metadata(self) -> str:
         """JSON (ASCII) for the Stream's initial metadata; preprocess reports it in ListModels."""
         return json.dumps({"device": self.device.type, "weights": self.weights, "activations": self.dtype_name,
+                           "kv_cache": str(self.kv_cache_dtype).removeprefix("torch."),
                            "kernels": self.kernels, "compiled_decode": self.compiled})
 
     def describe(self) -> str:
         """The start-up log line."""
         mode = "compiled decode" if self.compiled else "eager"
+        kv = str(self.kv_cache_dtype).removeprefix("torch.")
         return (f"numerics: {self.device.type}, weights {self.weights}, activations {self.dtype_name}, "
-                f"{self.kernels} kernels, {mode} ({self.reason})")
+                f"KV cache {kv}, {self.kernels} kernels, {mode} ({self.reason})")
 
 
 def cpu_has_native_bf16(flags: str | None = None) -> bool:
@@ -93,6 +101,7 @@ def choose(
     kernels: str = "auto",
     compile: bool = True,
     cpu_flags: str | None = None,
+    kv_cache_dtype: str = "auto",
     cpu_kernels_error: Exception | None = None,
 ) -> Numerics:
     """The numerics for this checkpoint on this machine. cpu_kernels_error: why kernels/cpu cannot
@@ -104,6 +113,8 @@ def choose(
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
     if kernels not in KERNELS:
         raise ValueError(f"kernels must be one of {', '.join(KERNELS)}; got {kernels!r}")
+    if kv_cache_dtype not in ("auto", *DTYPES):
+        raise ValueError(f"kv_cache_dtype must be one of auto, {', '.join(DTYPES)}; got {kv_cache_dtype!r}")
     dev = resolve_device(device)
     has_blocks = bool(checkpoint.blocks)
     reasons = []
@@ -150,4 +161,11 @@ def choose(
         act = torch.float32
         reasons.append("no native bf16 on this CPU: fp32")
     compiled = compile and kind != "reference"
-    return Numerics(dev, act, quantized, kind, compiled, _weights(checkpoint, quantized, act), "; ".join(reasons))
+    if kv_cache_dtype != "auto":
+        kv = DTYPES[kv_cache_dtype]
+        if kind == "reference" and kv != act:
+            raise ValueError("--kv-cache-dtype other than --dtype needs the cpu kernels (the oracle keeps one dtype)")
+    else:
+        kv = torch.bfloat16 if quantized else act  # the GGUF default: bf16 KV, as llama.cpp's f16
+    return Numerics(dev, act, quantized, kind, compiled, _weights(checkpoint, quantized, act), "; ".join(reasons),
+                    kv_dtype=kv)

@@ -16,8 +16,9 @@ loop runs on it too (Engine.start(thread)): one pool, whatever the thread count.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 
 class TorchThread:

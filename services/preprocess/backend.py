@@ -416,7 +416,7 @@ def _numerics(metadata) -> dict:
                 return {}
             if not isinstance(parsed, dict):
                 return {}
-            text = {name: str(parsed.get(name, "")) for name in ("device", "weights", "activations", "kernels")}
+            text = {name: str(parsed.get(name, "")) for name in ("device", "weights", "activations", "kernels", "kv_cache")}
             return {**text, "compiled_decode": bool(parsed.get("compiled_decode", False))}
     return {}
 

@@ -43,6 +43,20 @@ def test_a_gguf_serves_its_own_codes_by_default(gguf_checkpoint):
     assert (n.quantized, n.kernels, n.dtype, n.compiled) == (True, "cpu", torch.float32, True)
     assert n.weights == "Q4_1 codes x14, float32 x7"
     assert "own block codes" in n.reason
+    assert n.kv_cache_dtype == torch.bfloat16  # llama.cpp's cache is f16: half the bytes of fp32
+
+
+def test_the_kv_cache_follows_the_activations_unless_told(hf_checkpoint, gguf_checkpoint):
+    assert choose(hf_checkpoint, cpu_flags=PLAIN_CPU).kv_cache_dtype == torch.float32
+    assert choose(hf_checkpoint, cpu_flags=BF16_CPU).kv_cache_dtype == torch.bfloat16
+    oracle = choose(gguf_checkpoint, dtype="float32", quantization="none")
+    assert oracle.kv_cache_dtype == torch.float32  # the oracle keeps fp32 everywhere
+    assert choose(gguf_checkpoint, kv_cache_dtype="float32").kv_cache_dtype == torch.float32
+    assert choose(hf_checkpoint, cpu_flags=PLAIN_CPU, kv_cache_dtype="bfloat16").kv_cache_dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="needs the cpu kernels"):
+        choose(gguf_checkpoint, dtype="float32", quantization="none", kv_cache_dtype="bfloat16")
+    with pytest.raises(ValueError, match="auto, float32, bfloat16.*'fp8'"):
+        choose(gguf_checkpoint, kv_cache_dtype="fp8")
 
 
 @pytest.mark.parametrize(("flags", "dtype"), [(BF16_CPU, torch.bfloat16), (PLAIN_CPU, torch.float32)])
@@ -92,7 +106,7 @@ def test_the_runner_logs_one_line_and_reports_its_numerics(gguf_checkpoint, capl
     assert len(lines) == 1 and "Q4_1 codes x14" in lines[0] and "cpu kernels" in lines[0], lines
     assert json.loads(runner.numerics.as_metadata()) == {
         "device": "cpu", "weights": "Q4_1 codes x14, float32 x7", "activations": "float32", "kernels": "cpu",
-        "compiled_decode": True}
+        "compiled_decode": True, "kv_cache": "bfloat16"}
 
 
 def _cgroup(tmp_path, v2: str | None = None, v1: tuple[int, int] | None = None):

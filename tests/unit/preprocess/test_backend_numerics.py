@@ -7,7 +7,7 @@ from services.preprocess import wire
 from services.preprocess.backend import NUMERICS_KEY, _numerics
 
 SENT = {"device": "cpu", "weights": "Q4_1 codes x210, Q8_0 codes x1", "activations": "float32", "kernels": "cpu",
-        "compiled_decode": True}
+        "kv_cache": "bfloat16", "compiled_decode": True}
 
 
 def test_the_streams_metadata_becomes_model_numerics():
@@ -15,8 +15,8 @@ def test_the_streams_metadata_becomes_model_numerics():
     numerics = _numerics(metadata)
     assert numerics == SENT  # the extra key is dropped
     message = wire.model_numerics(numerics)
-    assert (message.device, message.weights, message.activations, message.kernels, message.compiled_decode) == (
-        "cpu", SENT["weights"], "float32", "cpu", True)
+    assert (message.device, message.weights, message.activations, message.kernels, message.kv_cache,
+            message.compiled_decode) == ("cpu", SENT["weights"], "float32", "cpu", "bfloat16", True)
 
 
 def test_missing_or_malformed_metadata_reports_nothing():
@@ -25,4 +25,5 @@ def test_missing_or_malformed_metadata_reports_nothing():
     assert _numerics(((NUMERICS_KEY, "[1, 2]"),)) == {}
     assert wire.model_numerics({}) is None
     partial = _numerics(((NUMERICS_KEY, json.dumps({"device": "cuda", "compiled_decode": 1})),))
-    assert partial == {"device": "cuda", "weights": "", "activations": "", "kernels": "", "compiled_decode": True}
+    assert partial == {"device": "cuda", "weights": "", "activations": "", "kernels": "", "kv_cache": "",
+                       "compiled_decode": True}
