@@ -204,7 +204,8 @@ def _numerics_words(n: dict | None) -> str:
     if not n:
         return ""
     mode = "compiled decode" if n.get("compiled_decode") else "eager"
-    return f": weights {n.get('weights')}, activations {n.get('activations')}, {n.get('kernels')} kernels, {mode}"
+    kv = f", KV cache {n['kv_cache']}" if n.get("kv_cache") else ""
+    return f": weights {n.get('weights')}, activations {n.get('activations')}{kv}, {n.get('kernels')} kernels, {mode}"
 
 
 def _peak(node: dict | None, key: str, c: int) -> float | None:

@@ -7,7 +7,7 @@ pools together; once they outnumber the CPUs, every pool stops spinning between 
 few hundred short parallel regions, so a second live pool costs the whole step: with the runner
 built on an `asyncio.to_thread` worker (which stays alive in the default executor) and the loop on
 a thread of its own, a 2-thread step measured 23 ms where the same step on one thread took 8.5 ms;
-a tiny parallel op took 60 us instead of 8 (docs/benchmarks-threads-auto.md, "Why two pools").
+a tiny parallel op took 60 us instead of 8 (bench/notes.md, "Threads", in docs/benchmarks.md).
 
 So everything that runs torch here is submitted to this single-worker executor, and the engine
 loop runs on it too (Engine.start(thread)): one pool, whatever the thread count.
