@@ -17,7 +17,10 @@ Replicas (`generation_replicas`, `preprocess_replicas`; `make run` reads MSTAR_G
 and MSTAR_PREPROCESS_REPLICAS): replica i of a service listens on its base port + 2·i, metrics
 included (the services' ports interleave: 50051, 50053 ... preprocess; 50052, 50054 ...
 generation) and is the child "generation" / "generation-1" / ...; every preprocess gets every
-generation replica and its peers, and Envoy balances over every preprocess.
+generation replica and its peers, and Envoy balances over every preprocess. Generation replicas
+on one machine share its cores: each gets default_threads() // replicas torch threads (at least 1)
+unless generation_args name --threads, since OpenMP workers of several processes spinning on the
+same cores starve each other (3 replicas x 2 threads on 2 cores timed out the scale-out tests).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from deploy.envoy.render import VARIANTS, EnvoySettings
+from services.generation.threads import default_threads
 from services.stack import readiness
 from services.stack.envoy import start_envoy
 from services.stack.ports import free_ports_with_stride
@@ -207,6 +211,8 @@ class Stack:
             argv.append("--null-engine")
         else:
             argv += ["--dtype", c.dtype, "--quantization", c.quantization]
+            if c.generation_replicas > 1 and "--threads" not in c.generation_args:
+                argv += ["--threads", str(max(1, default_threads() // c.generation_replicas))]
         return argv + c.generation_args
 
     def preprocess_argv(self, i: int) -> list[str]:
