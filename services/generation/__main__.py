@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import os
+import sys
 import time
 
 from mstar.generation.v1 import generation_service_pb2_grpc as gen_grpc
@@ -83,11 +84,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _without_triton_on_cpu(device: str) -> None:
+    """On CPU, keep triton out of this process: torch's Dynamo imports it whenever it is installed
+    (it is, for the kernel tests and CUDA), which costs 77 MB of RSS for GPU code a CPU step never
+    runs. A torch without triton is the usual CPU install, so Inductor's CPU path expects it."""
+    import torch
+
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        sys.modules.setdefault("triton", None)  # `import triton` now raises ImportError
+
+
 def build_runner(args):
     if args.null_engine:
         from services.generation.null_runner import NullRunner
 
         return NullRunner(step_time_s=args.null_step_ms / 1000.0)
+    _without_triton_on_cpu(args.device)
     from services.generation.model_runner import ModelRunner, RunnerConfig
     from services.generation.weights.locate import load_checkpoint
 
