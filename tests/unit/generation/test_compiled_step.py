@@ -137,7 +137,9 @@ def test_graph_replay_serves_every_batch_size_from_its_bucket(runner):
             k.copy_(s)
         replayed = graphs(ids, meta)
     assert graphs.graphs[4].replays == 1 and replayed.shape == eager.shape
-    torch.testing.assert_close(replayed, eager, atol=0, rtol=0)
+    # A bucket of 4 rows is not bit-equal to the 3-row step on every CPU: the matmul may block by
+    # M differently (exact on an Intel Xeon, 6e-6 apart on an AMD EPYC), as in the padded test above.
+    torch.testing.assert_close(replayed, eager)
     with pytest.raises(ValueError, match="no captured decode graph holds 9 rows"):
         graphs(torch.zeros(9, dtype=torch.int64), _decode_meta([1] * 9, 4, [[0]] * 9))
 
