@@ -45,6 +45,7 @@ def summarize(records: list[Record], wall_s: float, cpu_s: float | None = None) 
     e2e = [r.end - r.start for r in ok]
     gaps = [g for r in ok for g in r.gaps]
     tokens = sum(r.tokens for r in ok)
+    chunks = sum(len(r.gaps) + 1 for r in ok if r.first is not None)  # token-bearing messages
     out = {
         "requests": len(records),
         "errors": len(records) - len(ok),
@@ -53,6 +54,8 @@ def summarize(records: list[Record], wall_s: float, cpu_s: float | None = None) 
         "wall_s": wall_s,
         "tok_s": tokens / wall_s if wall_s > 0 else 0.0,
         "req_s": len(ok) / wall_s if wall_s > 0 else 0.0,
+        "chunks": chunks,
+        "tokens_per_chunk": tokens / chunks if chunks else None,
     }
     for name, xs in (("ttft", ttft), ("itl", gaps), ("e2e", e2e)):
         out[f"{name}_p50_ms"] = _ms(percentile(xs, 50))

@@ -3,9 +3,11 @@
 Each stream gets an id; engine keys are (stream id, request id), so two streams may use the same
 request id. A reader task applies the client's frames in order (engine calls only enqueue).
 The engine thread reports each step once; ``_dispatch`` (on the event loop, via
-call_soon_threadsafe) splits it per stream into ONE StreamResponse holding that stream's
+call_soon_threadsafe, several steps per wake-up when the loop is behind) splits it per stream into ONE StreamResponse holding that stream's
 ResultTokens rows (and heartbeat rows for requests that only prefilled) followed by the same
-step's RequestComplete / RequestFailed frames. When a stream ends for any reason, every request
+step's RequestComplete / RequestFailed frames. When grpc writes slower than the engine steps,
+later steps' frames join the StreamResponse still waiting in the queue, in step order, so a
+backlog leaves as one message. When a stream ends for any reason, every request
 still running on it is aborted (blocks freed within a step). A stream whose reader stops reading
 is ended with RESOURCE_EXHAUSTED, so one stalled client cannot grow the server's memory: when
 ``max_queued_frames`` are waiting and grpc took none of them for ``stall_s``, or in any case at ten
@@ -30,6 +32,7 @@ continues the trace its PreprocessInput carries, from arrival to its terminal ev
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import re
@@ -57,6 +60,11 @@ _YIELD_EVERY = 64  # client frames applied between two yields to the event loop
 # Initial metadata of every Stream: how this backend computes (numerics.Numerics.as_metadata(),
 # JSON), so the preprocess service can report it in ListModels without an RPC of its own.
 NUMERICS_KEY = "mstar-numerics"
+# A StreamResponse that later steps join (_Stream.open) takes at most this many frames / about
+# this many bytes, far below the contract's 16,384 frames and the 16 MB message limit (like
+# preprocess's StreamRequest batches, backend._frames).
+_OPEN_MAX_FRAMES = 1024
+_OPEN_MAX_BYTES = 1 << 20
 
 
 @dataclass
@@ -67,6 +75,12 @@ class _Stream:
     spans: dict[str, Span] = field(default_factory=dict)  # request id -> its generation.request span
     is_half_closed: bool = False
     last_sent: float = field(default_factory=time.monotonic)  # grpc last took a message from the writer
+    # The newest queued StreamResponse, while the writer has not taken it: the next steps' frames
+    # go into it, so a backlog leaves as one message (one write, one read, one wake-up) instead
+    # of one per step. Only what the queue still holds grows; nothing waits to be merged.
+    open: gen_pb2.StreamResponse | None = None
+    open_bytes: int = 0  # an estimate of open's size
+    queued_frames: int = 0  # frames queued that the writer has not taken (the slow-consumer check)
 
 
 class GenerationServicer(gen_grpc.GenerationServiceServicer):
@@ -81,6 +95,8 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
         self._streams: dict[int, _Stream] = {}
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._steps: collections.deque[StepOutput] = collections.deque()  # engine thread -> loop
+        self._drain_scheduled = False
 
     # -- engine side --------------------------------------------------------------------------
 
@@ -93,8 +109,18 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
             self._loop.call_soon_threadsafe(self.fail_everything, state.refusal())
 
     def on_step(self, out: StepOutput) -> None:
-        """Engine thread: hand the step to the event loop."""
-        self._loop.call_soon_threadsafe(self._dispatch, out)
+        """Engine thread: hand the step to the event loop. Steps that arrive while a drain is
+        already scheduled ride along with it: one wake-up of the loop (and one GIL hand-over) per
+        batch of steps, not per step, when the engine outruns the loop."""
+        self._steps.append(out)  # before reading the flag: a drain that reset it will see this step
+        if not self._drain_scheduled:
+            self._drain_scheduled = True
+            self._loop.call_soon_threadsafe(self._drain_steps)
+
+    def _drain_steps(self) -> None:
+        self._drain_scheduled = False  # before draining: a step appended from now on schedules anew
+        while self._steps:
+            self._dispatch(self._steps.popleft())
 
     def _dispatch(self, out: StepOutput) -> None:
         per_stream: dict[int, tuple[list, list, list, list]] = {}
@@ -119,27 +145,56 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
                 for r in rows:
                     hop_trace.mark("gen_dispatch", r.key[1], r.index, out.step)
             prefilling = [request_id for request_id in prefilling if request_id in stream.active]
-            frames = [wire.result_tokens(out.step, rows, out.num_batched_tokens)] if rows else []
-            if prefilling:
-                frames.append(wire.heartbeat(out.step, prefilling, out.num_batched_tokens))
-            frames.extend(wire.result_tensors(t) for t in tensors if t.key[1] in stream.active)
+            others = [wire.heartbeat(out.step, prefilling, out.num_batched_tokens)] if prefilling else []
+            others.extend(wire.result_tensors(t) for t in tensors if t.key[1] in stream.active)
             for request_id, to_frame, item in ends:
                 if request_id in stream.active:
                     stream.active.discard(request_id)
-                    frames.append(to_frame(item))
+                    others.append(to_frame(item))
                     _end_span(stream.spans.pop(request_id, None), item)
-            if frames:
-                self._put(stream, gen_pb2.StreamResponse(frames=frames))
+            if not rows and not others:
+                continue
+            size = sum(len(r.key[1]) + 16 for r in rows) + sum(f.ByteSize() for f in others)
+            response = self._open(stream, size)
+            if rows:  # built in place: no copy of the step's biggest frame
+                wire.add_result_tokens(response, out.step, rows, out.num_batched_tokens)
+            response.frames.extend(others)
+            stream.queued_frames += bool(rows) + len(others)
         if hop_trace.ON and (out.completed or out.failed):
             hop_trace.flush()
 
+    def _open(self, stream: _Stream, size: int) -> gen_pb2.StreamResponse:
+        """The queued StreamResponse this step's frames join: the open one while it has room,
+        else a new one, queued now (the writer may take it before the next step)."""
+        response = stream.open
+        if response is None or len(response.frames) >= _OPEN_MAX_FRAMES or stream.open_bytes + size > _OPEN_MAX_BYTES:
+            response = gen_pb2.StreamResponse()
+            self._put(stream, response)
+            stream.open = response  # after _put, which closes any open one
+            stream.open_bytes = 0
+        stream.open_bytes += size
+        return response
+
     def _put(self, stream: _Stream, item) -> None:
+        """Queue a message (or an error, or None) behind everything queued; later frames never
+        join a message queued before it."""
+        stream.open = None
         if self._is_stalled(stream):
             item = errors.resource_exhausted("the client stopped reading its stream", "SLOW_CONSUMER", None)
         stream.queue.put_nowait(item)
+        if isinstance(item, gen_pb2.StreamResponse):
+            stream.queued_frames += len(item.frames)
+
+    @staticmethod
+    def _taken(stream: _Stream, item) -> None:
+        """The writer took `item` off the queue: it is no longer open, nor counted as waiting."""
+        if item is stream.open:
+            stream.open = None
+        if isinstance(item, gen_pb2.StreamResponse):
+            stream.queued_frames -= len(item.frames)
 
     def _is_stalled(self, stream: _Stream) -> bool:
-        queued = stream.queue.qsize()
+        queued = stream.queued_frames
         if queued >= 10 * self.max_queued_frames:
             return True
         return queued >= self.max_queued_frames and time.monotonic() - stream.last_sent > self.stall_s
@@ -179,6 +234,7 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
         try:
             while True:
                 item = await stream.queue.get()
+                self._taken(stream, item)
                 if isinstance(item, errors.MstarError):
                     await errors.abort(context, item)
                 if item is not None:

@@ -86,24 +86,26 @@ def append_of(msg: pb.ClientAppend) -> tuple[list[int], bool]:
     return token_ids_of(msg.chunks, "chunks"), pb.MODALITY_TOKENS in msg.ends
 
 
-def result_tokens(step: int, rows: list[TokenEvent], num_batched_tokens: int) -> gen_pb2.ServerFrame:
-    frame = gen_pb2.ResultTokens(
-        step=step,
-        request_ids=[r.key[1] for r in rows],
-        token_ids=[r.token_id for r in rows],
-        loop_indices=[r.index for r in rows],
-        signal=gen_pb2.SIGNAL_STEP,
-        modality=pb.MODALITY_TOKENS,
-        metadata={"batch_tokens": str(num_batched_tokens)},
-    )
+def add_result_tokens(response: gen_pb2.StreamResponse, step: int, rows: list[TokenEvent],
+                      num_batched_tokens: int) -> None:
+    """One step's ResultTokens, appended to `response` and filled in place (building a frame and
+    then adding it would copy it: at a fast step, that copy was a tenth of the writer's time)."""
+    frame = response.frames.add().result_tokens
+    frame.step = step
+    frame.request_ids.extend([r.key[1] for r in rows])
+    frame.token_ids.extend([r.token_id for r in rows])
+    frame.loop_indices.extend([r.index for r in rows])
+    frame.signal = gen_pb2.SIGNAL_STEP
+    frame.modality = pb.MODALITY_TOKENS
+    frame.metadata["batch_tokens"] = str(num_batched_tokens)
     if any(r.logprobs is not None for r in rows):
         for r in rows:
             lp = r.logprobs
-            frame.logprobs.append(
-                pb.TokenLogprobs(logprob=lp.logprob, top_token_ids=lp.top_token_ids, top_logprobs=lp.top_logprobs)
-                if lp is not None else pb.TokenLogprobs()
-            )
-    return gen_pb2.ServerFrame(result_tokens=frame)
+            entry = frame.logprobs.add()
+            if lp is not None:
+                entry.logprob = lp.logprob
+                entry.top_token_ids.extend(lp.top_token_ids)
+                entry.top_logprobs.extend(lp.top_logprobs)
 
 
 def heartbeat(step: int, request_ids: list[str], num_batched_tokens: int) -> gen_pb2.ServerFrame:

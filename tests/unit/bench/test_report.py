@@ -44,3 +44,15 @@ def test_memory_startup_variants_and_targets_are_rendered():
     assert "## Issue 12 targets" in doc
     assert any(ln.startswith("| `make run` ready on a warm cache ≤ 30 s | 21.5 s |") for ln in lines)
     assert "| mstar fp32 HTTP | 1 |" in doc  # the variant's latency row
+
+
+def test_the_transport_table_shows_tokens_per_message_and_messages_per_second():
+    from bench.stats import Record, summarize
+
+    bare = [Record(start=0.0, first=0.1, end=1.0, tokens=4, gaps=[0.1, 0.1, 0.1])]  # 4 one-token messages
+    stack = [Record(start=0.0, first=0.1, end=1.0, tokens=8, gaps=[0.5])]  # 2 messages of 4 tokens
+    b, st = summarize(bare, 1.0), summarize(stack, 2.0)
+    assert (b["chunks"], b["tokens_per_chunk"]) == (4, 1.0) and (st["chunks"], st["tokens_per_chunk"]) == (2, 4.0)
+    t = {"bare": [{"concurrency": 1, **b}], "stack": [{"concurrency": 1, **st}]}
+    lines = render({**_results(), "transport": t}, [], notes=False).splitlines()
+    assert "| 1 | 4 | 4 | 100 % | 1.0 / 4.0 | 4 / 1 | – | 100.00 / 500.00 |" in lines

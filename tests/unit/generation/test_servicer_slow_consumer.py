@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import time
 
+from mstar.generation.v1 import generation_service_pb2 as gen_pb2
+
 from services.common import errors
 from services.common.serving import ServingState
 from services.generation.servicer import GenerationServicer, _Stream
 
 
 def _fill(servicer: GenerationServicer, stream: _Stream, frames: int) -> list:
+    """`frames` one-frame messages queued while the writer takes none; their frames' steps (or
+    the error that replaced one)."""
     for i in range(frames):
-        servicer._put(stream, i)
-    return [stream.queue.get_nowait() for _ in range(stream.queue.qsize())]
+        tokens = gen_pb2.ResultTokens(step=i)
+        servicer._put(stream, gen_pb2.StreamResponse(frames=[gen_pb2.ServerFrame(result_tokens=tokens)]))
+    items = [stream.queue.get_nowait() for _ in range(stream.queue.qsize())]
+    return [i.frames[0].result_tokens.step if isinstance(i, gen_pb2.StreamResponse) else i for i in items]
 
 
 def _slow_consumer_errors(items: list) -> list:
