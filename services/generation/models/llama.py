@@ -17,6 +17,8 @@ state either, so one instance serves eager steps and compiled decode graphs alik
 
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -50,8 +52,8 @@ class KVCache:
 
     def __init__(self, config: LlamaConfig, num_blocks: int, block_size: int, device, dtype):
         shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
+        self.k = [_zeros(shape, device, dtype) for _ in range(config.num_layers)]
+        self.v = [_zeros(shape, device, dtype) for _ in range(config.num_layers)]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -63,6 +65,19 @@ class KVCache:
             index = torch.tensor(block_ids, device=self.k[0].device)
             for cache in self.k + self.v:
                 cache[index] = 0
+
+
+def _zeros(shape: tuple[int, ...], device, dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed cache tensor. On CPU it lives in an anonymous mapping, whose pages the kernel
+    zero-fills on first touch: the cache costs memory (RSS) only for the blocks that have been
+    written (llama-server's RSS also grows with its load), instead of all of it from start-up
+    (torch.zeros writes every page). Under sustained traffic the free list cycles through every block, so RSS grows to
+    the full cache; an idle or lightly used server keeps what it never used."""
+    count = math.prod(shape)
+    if torch.device(device).type != "cpu" or count == 0:
+        return torch.zeros(shape, device=device, dtype=dtype)
+    # torch.frombuffer holds a reference to the mapping for as long as the tensor lives.
+    return torch.frombuffer(mmap.mmap(-1, count * dtype.itemsize), dtype=dtype, count=count).view(shape)
 
 
 class Attention(nn.Module):
