@@ -76,8 +76,10 @@ def _zeros(shape: tuple[int, ...], device, dtype: torch.dtype) -> torch.Tensor:
     count = math.prod(shape)
     if torch.device(device).type != "cpu" or count == 0:
         return torch.zeros(shape, device=device, dtype=dtype)
+    # Private (Python's default for -1 is shared: shmem, charged differently and never a huge page).
     # torch.frombuffer holds a reference to the mapping for as long as the tensor lives.
-    return torch.frombuffer(mmap.mmap(-1, count * dtype.itemsize), dtype=dtype, count=count).view(shape)
+    mapping = mmap.mmap(-1, count * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(mapping, dtype=dtype, count=count).view(shape)
 
 
 class Attention(nn.Module):
