@@ -214,7 +214,7 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
     def shutdown(self, error: errors.MstarError) -> None:
         """End every open stream with error (after the drain grace period)."""
         for stream in list(self._streams.values()):
-            stream.queue.put_nowait(error)
+            _queue_last(stream, error)
 
     # -- RPC ----------------------------------------------------------------------------------
 
@@ -282,15 +282,15 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
                     if i % _YIELD_EVERY == _YIELD_EVERY - 1:
                         await asyncio.sleep(0)  # a big frame batch must not hold the loop
         except errors.MstarError as e:
-            stream.queue.put_nowait(e)
+            _queue_last(stream, e)
             return
         except (grpc.RpcError, asyncio.CancelledError):
             return
         except Exception as exc:  # noqa: BLE001 - a bug must end the stream, never leave it hanging
-            stream.queue.put_nowait(errors.unexpected(exc, "GenerationService.Stream reader", log))
+            _queue_last(stream, errors.unexpected(exc, "GenerationService.Stream reader", log))
             return
         stream.is_half_closed = True
-        stream.queue.put_nowait(None)  # wake the writer so it can end the stream
+        _queue_last(stream, None)  # wake the writer so it can end the stream
 
     def _apply(self, stream: _Stream, frame: gen_pb2.ClientFrame, where: str) -> None:
         kind = frame.WhichOneof("frame")
@@ -377,6 +377,13 @@ def _end_span(span: Span | None, item, error: errors.MstarError | None = None) -
             "mstar.prefill_ms": item.prefill_ms, "mstar.ttft_ms": item.ttft_ms, "mstar.decode_ms": item.decode_ms,
         })
     span.end()
+
+
+def _queue_last(stream: _Stream, item) -> None:
+    """Queue an error or the end of the stream: no later step's frames may join a message
+    queued before it (they would reach the client ahead of what ends the stream)."""
+    stream.open = None
+    stream.queue.put_nowait(item)
 
 
 def _mark_rows(hop: str, response: gen_pb2.StreamResponse) -> None:

@@ -109,3 +109,15 @@ def test_an_open_message_is_bounded_by_bytes(monkeypatch):
     for i in range(7):
         s._dispatch(_step(i))
     assert [_steps(r) for r in _take(s, stream)] == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+def test_an_error_or_the_end_queued_directly_closes_the_open_message():
+    s, stream = _servicer()
+    s._dispatch(_step(0))
+    servicer._queue_last(stream, errors.cancelled("the reader failed"))
+    s._dispatch(_step(1))
+    servicer._queue_last(stream, None)
+    s._dispatch(_step(2))
+    first, error, second, end, third = _take(s, stream)
+    assert _steps(first) == [0] and isinstance(error, errors.MstarError) and _steps(second) == [1]
+    assert end is None and _steps(third) == [2]
