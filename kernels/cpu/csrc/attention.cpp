@@ -105,16 +105,47 @@ struct Scratch {
   std::vector<float> scores, acc, inv_sum;
 };
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#define MSTAR_DECODE_REGISTERS 1
 // The decode case (one query row per item: every decode step) with the head dim in NV vectors of
-// 16 floats: q and the output accumulators of the G heads stay in registers, each key's K and V
+// kLanes floats: q and the output accumulators of the G heads stay in registers, each key's K and V
 // vectors are loaded once for the whole GQA group. ~5x the generic loops below (which re-read the
-// accumulators from memory and pay a loop prologue per 64-float dot product).
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {
+// accumulators from memory and pay a loop prologue per 64-float dot product). One body for both
+// widths: AVX-512 (16 lanes) and AVX2 (8 lanes; 16 ymm registers, so a GQA group of 3 at D = 64
+// spills some of q to L1, still ~3x the generic loops).
+#if defined(__AVX512F__)
+using vf = __m512;
+constexpr int kLanes = 16;
+inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vf vload(const c10::BFloat16* p) {
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
+inline vf vzero() { return _mm512_setzero_ps(); }
+inline vf vset1(float x) { return _mm512_set1_ps(x); }
+inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf vfmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+inline float vsum(vf v) { return _mm512_reduce_add_ps(v); }
+inline void vstore(float* p, vf v) { _mm512_store_ps(p, v); }
+#else
+using vf = __m256;
+constexpr int kLanes = 8;
+inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vf vload(const c10::BFloat16* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+inline vf vzero() { return _mm256_setzero_ps(); }
+inline vf vset1(float x) { return _mm256_set1_ps(x); }
+inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+inline vf vfmadd(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+inline float vsum(vf v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+inline void vstore(float* p, vf v) { _mm256_store_ps(p, v); }
+#endif
 
 constexpr int kMaxGroup = 8;
 
@@ -125,20 +156,20 @@ bool attend_decode(const Shapes& s, const Item& it, const float* q, const C* k_c
   const int64_t key_stride = s.Hk * s.D, G = s.G;
   const float* qh = q + (it.kv_head * G) * s.D;  // the group's G query heads, contiguous
   scores.resize(G * n_keys);
-  __m512 qv[kMaxGroup][NV];
+  vf qv[kMaxGroup][NV];
   for (int64_t g = 0; g < G; ++g)
-    for (int v = 0; v < NV; ++v) qv[g][v] = _mm512_loadu_ps(qh + g * s.D + v * 16);
+    for (int v = 0; v < NV; ++v) qv[g][v] = vload(qh + g * s.D + v * kLanes);
   for (int64_t p0 = 0; p0 < n_keys; p0 += s.BS) {
     const C* kpage = k_cache + (static_cast<int64_t>(table[p0 / s.BS]) * s.BS * s.Hk + it.kv_head) * s.D;
     const int64_t in_page = std::min(s.BS, n_keys - p0);
     for (int64_t jj = 0; jj < in_page; ++jj) {
       const C* k = kpage + jj * key_stride;
-      __m512 kv[NV];
-      for (int v = 0; v < NV; ++v) kv[v] = load16(k + v * 16);
+      vf kv[NV];
+      for (int v = 0; v < NV; ++v) kv[v] = vload(k + v * kLanes);
       for (int64_t g = 0; g < G; ++g) {
-        __m512 d = _mm512_mul_ps(qv[g][0], kv[0]);
-        for (int v = 1; v < NV; ++v) d = _mm512_fmadd_ps(qv[g][v], kv[v], d);
-        scores[g * n_keys + p0 + jj] = _mm512_reduce_add_ps(d);
+        vf d = vmul(qv[g][0], kv[0]);
+        for (int v = 1; v < NV; ++v) d = vfmadd(qv[g][v], kv[v], d);
+        scores[g * n_keys + p0 + jj] = vsum(d);
       }
     }
   }
@@ -155,25 +186,25 @@ bool attend_decode(const Shapes& s, const Item& it, const float* q, const C* k_c
     }
     inv_sum[g] = 1.f / sum;
   }
-  __m512 acc[kMaxGroup][NV];
+  vf acc[kMaxGroup][NV];
   for (int64_t g = 0; g < G; ++g)
-    for (int v = 0; v < NV; ++v) acc[g][v] = _mm512_setzero_ps();
+    for (int v = 0; v < NV; ++v) acc[g][v] = vzero();
   for (int64_t p0 = 0; p0 < n_keys; p0 += s.BS) {
     const C* vpage = v_cache + (static_cast<int64_t>(table[p0 / s.BS]) * s.BS * s.Hk + it.kv_head) * s.D;
     const int64_t in_page = std::min(s.BS, n_keys - p0);
     for (int64_t jj = 0; jj < in_page; ++jj) {
       const C* vrow = vpage + jj * key_stride;
-      __m512 vv[NV];
-      for (int v = 0; v < NV; ++v) vv[v] = load16(vrow + v * 16);
+      vf vv[NV];
+      for (int v = 0; v < NV; ++v) vv[v] = vload(vrow + v * kLanes);
       for (int64_t g = 0; g < G; ++g) {
-        const __m512 p = _mm512_set1_ps(scores[g * n_keys + p0 + jj]);
-        for (int v = 0; v < NV; ++v) acc[g][v] = _mm512_fmadd_ps(p, vv[v], acc[g][v]);
+        const vf p = vset1(scores[g * n_keys + p0 + jj]);
+        for (int v = 0; v < NV; ++v) acc[g][v] = vfmadd(p, vv[v], acc[g][v]);
       }
     }
   }
   for (int64_t g = 0; g < G; ++g) {
-    alignas(64) float row[NV * 16];
-    for (int v = 0; v < NV; ++v) _mm512_store_ps(row + v * 16, _mm512_mul_ps(acc[g][v], _mm512_set1_ps(inv_sum[g])));
+    alignas(64) float row[NV * kLanes];
+    for (int v = 0; v < NV; ++v) vstore(row + v * kLanes, vmul(acc[g][v], vset1(inv_sum[g])));
     X* o = out + (it.kv_head * G + g) * s.D;
     for (int64_t i = 0; i < s.D; ++i) o[i] = from_float<X>(row[i]);
   }
@@ -198,14 +229,15 @@ void attend(const Shapes& s, const Item& it, const float* q, const C* k_cache, c
     return;
   }
   const int32_t* table = block_tables + it.seq * s.W;
-#if defined(__AVX512F__)
+#if defined(MSTAR_DECODE_REGISTERS)
   if (it.rows == 1 && n_keys > 0) {  // a decode row (or the last row of a chunk): the register path
     const float* qr = q + (first + it.row0) * s.Hq * s.D;
     X* o = out + (first + it.row0) * s.Hq * s.D;
-    const bool done = s.D == 64    ? attend_decode<4, X, C>(s, it, qr, k_cache, v_cache, table, n_keys, o, scratch.scores)
-                      : s.D == 128 ? attend_decode<8, X, C>(s, it, qr, k_cache, v_cache, table, n_keys, o, scratch.scores)
-                      : s.D == 32  ? attend_decode<2, X, C>(s, it, qr, k_cache, v_cache, table, n_keys, o, scratch.scores)
-                                   : false;
+    const bool done =
+        s.D == 64    ? attend_decode<64 / kLanes, X, C>(s, it, qr, k_cache, v_cache, table, n_keys, o, scratch.scores)
+        : s.D == 128 ? attend_decode<128 / kLanes, X, C>(s, it, qr, k_cache, v_cache, table, n_keys, o, scratch.scores)
+        : s.D == 32  ? attend_decode<32 / kLanes, X, C>(s, it, qr, k_cache, v_cache, table, n_keys, o, scratch.scores)
+                     : false;
     if (done) return;
   }
 #endif
