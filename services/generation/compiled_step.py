@@ -38,6 +38,8 @@ from services.generation.threads import usable_cpus
 
 log = logging.getLogger(__name__)
 
+_SERIAL_GRAPH_KERNELS_UP_TO_THREADS = 4
+
 
 def bucket_sizes(max_num_seqs: int) -> tuple[int, ...]:
     """1, 2, 4, 8, then every 16 up to max_num_seqs (always included): nano-vllm's ladder."""
@@ -187,6 +189,14 @@ class CompiledStep:
         self.device = kv_cache.k[0].device
         # The wrapper's stride asserts on every op output: ~650 Python calls a step (0.5 ms at one row).
         torch._inductor.config.size_asserts = False
+        if torch.get_num_threads() <= _SERIAL_GRAPH_KERNELS_UP_TO_THREADS:
+            # The graph's own kernels (residual add + RMSNorm, SiLU x up, casts) run on the calling
+            # thread; the matmuls and attention (kernels/cpu) still use every thread. At decode
+            # sizes those kernels are microseconds of work, and an OpenMP fork/join around each of
+            # the ~90 in a step cost more than splitting saved: on 2 threads, +10-13 % decode tok/s
+            # at 1 and 16 rows (docs/benchmarks-engine.md). With many threads, prefill's
+            # elementwise work is big enough to split, so larger machines keep Inductor's default.
+            torch._inductor.config.cpp.threads = 1
         if usable_cpus() <= 4:
             # Inductor's pool of compile workers costs ~8 s to start on a 2-core box: more than the
             # parallel C++ compiles win there, and the warm (cached) restart needs no compiler at all.
