@@ -47,6 +47,21 @@ def test_quant_matmul_is_its_reference(bits, half_scales, n, k, m):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m", [1, 4, 5])
+def test_extreme_codes_and_activations_do_not_overflow_the_integer_sums(bits, m):
+    """The largest codes against activations at +-127 in every lane: the AVX2 paths add products in
+    int16 before widening (4-bit: a whole block), so this is the case that would wrap."""
+    n, k = 32, 64
+    codes = torch.full((n, k), 2**bits - 1, dtype=torch.uint8)
+    codes[1::2] = 0  # and the smallest, in every other row
+    scale, offset = torch.full((n, k // 32), 0.5), torch.zeros(n, k // 32)
+    x = torch.ones(m, k)
+    x[1::2] = -1.0
+    got = cpu.quant_matmul(x, cpu.pack(codes, scale, offset, bits))
+    torch.testing.assert_close(got, quant_matmul_ref(x, codes, scale, offset), atol=0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
 def test_quant_matmul_stays_within_activation_quantization_of_the_dense_matmul(bits):
     codes, scale, offset = _weight(96, 256, bits, True)
     dense = (codes.view(96, 8, 32).float() * scale[..., None] + offset[..., None]).view(96, 256)
