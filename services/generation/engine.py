@@ -86,7 +86,9 @@ class Engine:
         serving: the process's state (a private one, STARTING, when absent: tests, benchmarks)."""
         self.runner = runner
         self.config = config
-        self.block_manager = BlockManager(config.num_blocks, config.block_size)
+        kv_cache = getattr(runner, "kv_cache", None)  # a NullRunner has none
+        self.block_manager = BlockManager(config.num_blocks, config.block_size,
+                                          bound_resident=bool(kv_cache and kv_cache.resident_on_write))
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.block_manager
         )

@@ -59,6 +59,11 @@ class KVCache:
     def dtype(self) -> torch.dtype:
         return self.k[0].dtype
 
+    @property
+    def resident_on_write(self) -> bool:
+        """Whether a block costs resident memory only once written (_zeros' CPU mapping)."""
+        return self.k[0].device.type == "cpu"
+
     def clear_blocks(self, block_ids: list[int]) -> None:
         """Zero blocks that may hold non-finite values, so no later reader can pick them up."""
         if block_ids:
@@ -71,8 +76,9 @@ def _zeros(shape: tuple[int, ...], device, dtype: torch.dtype) -> torch.Tensor:
     """A zeroed cache tensor. On CPU it lives in an anonymous mapping, whose pages the kernel
     zero-fills on first touch: the cache costs memory (RSS) only for the blocks that have been
     written (llama-server's RSS also grows with its load), instead of all of it from start-up
-    (torch.zeros writes every page). Under sustained traffic the free list cycles through every block, so RSS grows to
-    the full cache; an idle or lightly used server keeps what it never used."""
+    (torch.zeros writes every page). The block manager (bound_resident) reuses written blocks before
+    it writes new ones once it holds twice the busiest moment's blocks, so under sustained traffic
+    RSS follows the load's working set, not the size of the cache."""
     count = math.prod(shape)
     if torch.device(device).type != "cpu" or count == 0:
         return torch.zeros(shape, device=device, dtype=dtype)

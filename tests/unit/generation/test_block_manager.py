@@ -1,4 +1,6 @@
-from services.generation.block_manager import BlockManager
+import pytest
+
+from services.generation.block_manager import MIN_RESIDENT_BLOCKS, BlockManager
 from services.generation.sampling_params import SamplingParams
 from services.generation.sequence import Sequence, Timing
 
@@ -82,6 +84,44 @@ def test_freed_blocks_stay_cached_until_reused():
     d = seq(list(range(8)) + [5], 3)
     bm.free(c)
     assert bm.allocate_cached_prefix(d) == 0
+
+
+def _serve_distinct_prompts(bm, rounds, concurrent, blocks_each):
+    """Rounds of `concurrent` sequences with prompts never seen before, each filling its blocks."""
+    tokens = iter(range(10**9))
+    for r in range(rounds):
+        seqs = [seq([next(tokens) for _ in range(blocks_each * bm.block_size)], r * concurrent + i)
+                for i in range(concurrent)]
+        for s in seqs:
+            compute(bm, s, len(s))
+        for s in seqs:
+            bm.free(s)
+
+
+@pytest.mark.parametrize("bound_resident", [False, True])
+def test_sustained_traffic_touches_every_block_unless_resident_memory_is_bounded(bound_resident):
+    bm = BlockManager(1024, 4, bound_resident=bound_resident)
+    _serve_distinct_prompts(bm, rounds=200, concurrent=8, blocks_each=6)  # 48 blocks in use at a time
+    assert bm.peak_used_blocks == 48 and bm.num_free_blocks == 1024
+    if bound_resident:  # twice the busiest moment (or the floor), however long it runs
+        assert bm.num_ever_used_blocks == max(2 * 48, MIN_RESIDENT_BLOCKS)
+    else:
+        assert bm.num_ever_used_blocks == 1024
+
+
+def test_bounded_resident_memory_still_keeps_recent_prefixes_and_grows_with_load():
+    bm = BlockManager(1024, 4, bound_resident=True)
+    _serve_distinct_prompts(bm, rounds=50, concurrent=8, blocks_each=6)  # at its bound: 96 blocks ever used
+    a = seq(range(-40, 0), 0)  # 10 blocks, computed and freed: the most recently freed cached blocks
+    compute(bm, a, 40)
+    bm.free(a)
+    _serve_distinct_prompts(bm, rounds=1, concurrent=8, blocks_each=6)  # reuses the 48 least recent
+    assert bm.num_ever_used_blocks == 96
+    assert bm.allocate_cached_prefix(seq(list(range(-40, 0)) + [1], 99)) == 40
+    bm2 = BlockManager(1024, 4, bound_resident=True)
+    _serve_distinct_prompts(bm2, rounds=5, concurrent=100, blocks_each=2)  # a burst of 200 blocks at once
+    assert bm2.peak_used_blocks == 200 and bm2.num_ever_used_blocks == 2 * 200
+    assert bm2.can_allocate(seq(range(4 * 1024)), 4 * 1024)  # every block can still be had
 
 
 def test_free_without_cache_forgets_hashes():
