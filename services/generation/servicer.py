@@ -3,17 +3,12 @@
 Each stream gets an id; engine keys are (stream id, request id), so two streams may use the same
 request id. A reader task applies the client's frames in order (engine calls only enqueue).
 The engine thread reports each step once; ``_dispatch`` (on the event loop, via
-call_soon_threadsafe, several steps per wake-up when the loop is behind) splits it per stream into ONE StreamResponse holding that stream's
-ResultTokens rows (and heartbeat rows for requests that only prefilled) followed by the same
-step's RequestComplete / RequestFailed frames. When grpc writes slower than the engine steps,
-later steps' frames join the StreamResponse still waiting in the queue, in step order, so a
-backlog leaves as one message. When a stream ends for any reason, every request
-still running on it is aborted (blocks freed within a step). A stream whose reader stops reading
-is ended with RESOURCE_EXHAUSTED, so one stalled client cannot grow the server's memory: when
-``max_queued_frames`` are waiting and grpc took none of them for ``stall_s``, or in any case at ten
-times that many. Depth alone is not a stall: an engine that steps faster than a busy preprocess
-reads (the null engine at 64 streams: ~10k frames in a second) must not lose every request of a
-reader that is still reading.
+call_soon_threadsafe, several steps per wake-up when the loop is behind) splits it per stream into
+that stream's ResultTokens rows (and heartbeat rows for requests that only prefilled) followed by
+the same step's RequestComplete / RequestFailed frames, added to the stream's Outbox (outbox.py:
+a backlog of steps leaves as one message; a reader that stopped reading ends its stream with
+RESOURCE_EXHAUSTED). When a stream ends for any reason, every request still running on it is
+aborted (blocks freed within a step).
 
 Every client frame is checked against the contract's declared bounds (services/common/contract.py)
 before anything else touches it. A frame that names a valid request id fails only that request;
@@ -36,7 +31,6 @@ import collections
 import itertools
 import logging
 import re
-import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -48,6 +42,7 @@ from opentelemetry.trace import Span, StatusCode
 from services.common import contract, errors, hop_trace, tracing
 from services.common.serving import ServingState, State
 from services.generation import wire
+from services.generation.outbox import Outbox
 from services.generation.outputs import StepOutput
 
 log = logging.getLogger(__name__)
@@ -60,27 +55,15 @@ _YIELD_EVERY = 64  # client frames applied between two yields to the event loop
 # Initial metadata of every Stream: how this backend computes (numerics.Numerics.as_metadata(),
 # JSON), so the preprocess service can report it in ListModels without an RPC of its own.
 NUMERICS_KEY = "mstar-numerics"
-# A StreamResponse that later steps join (_Stream.open) takes at most this many frames / about
-# this many bytes, far below the contract's 16,384 frames and the 16 MB message limit (like
-# preprocess's StreamRequest batches, backend._frames).
-_OPEN_MAX_FRAMES = 1024
-_OPEN_MAX_BYTES = 1 << 20
 
 
 @dataclass
 class _Stream:
     stream_id: int
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # StreamResponse | MstarError | None
+    outbox: Outbox = field(default_factory=Outbox)
     active: set[str] = field(default_factory=set)
     spans: dict[str, Span] = field(default_factory=dict)  # request id -> its generation.request span
     is_half_closed: bool = False
-    last_sent: float = field(default_factory=time.monotonic)  # grpc last took a message from the writer
-    # The newest queued StreamResponse, while the writer has not taken it: the next steps' frames
-    # go into it, so a backlog leaves as one message (one write, one read, one wake-up) instead
-    # of one per step. Only what the queue still holds grows; nothing waits to be merged.
-    open: gen_pb2.StreamResponse | None = None
-    open_bytes: int = 0  # an estimate of open's size
-    queued_frames: int = 0  # frames queued that the writer has not taken (the slow-consumer check)
 
 
 class GenerationServicer(gen_grpc.GenerationServiceServicer):
@@ -155,49 +138,12 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
             if not rows and not others:
                 continue
             size = sum(len(r.key[1]) + 16 for r in rows) + sum(f.ByteSize() for f in others)
-            response = self._open(stream, size)
+            response = stream.outbox.join(size, bool(rows) + len(others))
             if rows:  # built in place: no copy of the step's biggest frame
                 wire.add_result_tokens(response, out.step, rows, out.num_batched_tokens)
             response.frames.extend(others)
-            stream.queued_frames += bool(rows) + len(others)
         if hop_trace.ON and (out.completed or out.failed):
             hop_trace.flush()
-
-    def _open(self, stream: _Stream, size: int) -> gen_pb2.StreamResponse:
-        """The queued StreamResponse this step's frames join: the open one while it has room,
-        else a new one, queued now (the writer may take it before the next step)."""
-        response = stream.open
-        if response is None or len(response.frames) >= _OPEN_MAX_FRAMES or stream.open_bytes + size > _OPEN_MAX_BYTES:
-            response = gen_pb2.StreamResponse()
-            self._put(stream, response)
-            stream.open = response  # after _put, which closes any open one
-            stream.open_bytes = 0
-        stream.open_bytes += size
-        return response
-
-    def _put(self, stream: _Stream, item) -> None:
-        """Queue a message (or an error, or None) behind everything queued; later frames never
-        join a message queued before it."""
-        stream.open = None
-        if self._is_stalled(stream):
-            item = errors.resource_exhausted("the client stopped reading its stream", "SLOW_CONSUMER", None)
-        stream.queue.put_nowait(item)
-        if isinstance(item, gen_pb2.StreamResponse):
-            stream.queued_frames += len(item.frames)
-
-    @staticmethod
-    def _taken(stream: _Stream, item) -> None:
-        """The writer took `item` off the queue: it is no longer open, nor counted as waiting."""
-        if item is stream.open:
-            stream.open = None
-        if isinstance(item, gen_pb2.StreamResponse):
-            stream.queued_frames -= len(item.frames)
-
-    def _is_stalled(self, stream: _Stream) -> bool:
-        queued = stream.queued_frames
-        if queued >= 10 * self.max_queued_frames:
-            return True
-        return queued >= self.max_queued_frames and time.monotonic() - stream.last_sent > self.stall_s
 
     def fail_everything(self, error: errors.MstarError) -> None:
         """The engine failed or is stuck: end every running request here (new ones are refused
@@ -209,12 +155,12 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
                 _end_span(span, None, error)
             stream.spans.clear()
             if ends:
-                self._put(stream, gen_pb2.StreamResponse(frames=ends))
+                stream.outbox.put(gen_pb2.StreamResponse(frames=ends))
 
     def shutdown(self, error: errors.MstarError) -> None:
         """End every open stream with error (after the drain grace period)."""
         for stream in list(self._streams.values()):
-            _queue_last(stream, error)
+            stream.outbox.put_last(error)
 
     # -- RPC ----------------------------------------------------------------------------------
 
@@ -224,7 +170,7 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
             await errors.abort(context, refusal or errors.unavailable("the model is loading", "STARTING"))
         if self.numerics:
             await context.send_initial_metadata(((NUMERICS_KEY, self.numerics),))
-        stream = _Stream(next(self._ids))
+        stream = _Stream(next(self._ids), Outbox(self.max_queued_frames, self.stall_s))
         self._streams[stream.stream_id] = stream
         reader = asyncio.create_task(self._read(stream, request_iterator))
         ticker = None
@@ -233,18 +179,17 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
             ticker = asyncio.create_task(self._tick(stream, interval_ms / 1000.0))
         try:
             while True:
-                item = await stream.queue.get()
-                self._taken(stream, item)
+                item = await stream.outbox.get()
                 if isinstance(item, errors.MstarError):
                     await errors.abort(context, item)
                 if item is not None:
                     if hop_trace.ON:
                         _mark_rows("gen_write", item)
                     yield item
-                    stream.last_sent = time.monotonic()
+                    stream.outbox.sent()
                     if hop_trace.ON:  # grpc took the message (the next one is asked for)
                         _mark_rows("gen_sent", item)
-                if stream.is_half_closed and not stream.active and stream.queue.empty():
+                if stream.is_half_closed and not stream.active and stream.outbox.empty():
                     return
         finally:
             reader.cancel()
@@ -269,7 +214,7 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
     async def _tick(self, stream: _Stream, interval_s: float) -> None:
         while True:
             await asyncio.sleep(interval_s)
-            self._put(stream, wire.conductor_status(self.engine.stats.snapshot()))
+            stream.outbox.put(wire.conductor_status(self.engine.stats.snapshot()))
 
     async def _read(self, stream: _Stream, request_iterator) -> None:
         try:
@@ -282,15 +227,15 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
                     if i % _YIELD_EVERY == _YIELD_EVERY - 1:
                         await asyncio.sleep(0)  # a big frame batch must not hold the loop
         except errors.MstarError as e:
-            _queue_last(stream, e)
+            stream.outbox.put_last(e)
             return
         except (grpc.RpcError, asyncio.CancelledError):
             return
         except Exception as exc:  # noqa: BLE001 - a bug must end the stream, never leave it hanging
-            _queue_last(stream, errors.unexpected(exc, "GenerationService.Stream reader", log))
+            stream.outbox.put_last(errors.unexpected(exc, "GenerationService.Stream reader", log))
             return
         stream.is_half_closed = True
-        _queue_last(stream, None)  # wake the writer so it can end the stream
+        stream.outbox.put_last(None)  # wake the writer so it can end the stream
 
     def _apply(self, stream: _Stream, frame: gen_pb2.ClientFrame, where: str) -> None:
         kind = frame.WhichOneof("frame")
@@ -303,7 +248,7 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
             if request_id in stream.active:
                 self._fail_locally(stream, request_id, err)
             elif kind == "preprocess_input":
-                self._put(stream, _single(wire.request_failed(request_id, err)))
+                stream.outbox.put(_single(wire.request_failed(request_id, err)))
             return  # an append/abort for no running request is a no-op, like a valid one
         if kind == "preprocess_input":
             self._start(stream, frame.preprocess_input)
@@ -336,7 +281,7 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
         request_id = msg.request_id
         refusal = self.serving.refusal()
         if refusal is not None:
-            self._put(stream, _single(wire.request_failed(request_id, refusal)))
+            stream.outbox.put(_single(wire.request_failed(request_id, refusal)))
             return
         if request_id in stream.active:
             # The client lost track of its own request: end it, with this as its one terminal
@@ -347,7 +292,7 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
         try:
             token_ids, params, input_done = wire.request_of(msg)
         except errors.MstarError as e:
-            self._put(stream, _single(wire.request_failed(request_id, e)))
+            stream.outbox.put(_single(wire.request_failed(request_id, e)))
             return
         stream.active.add(request_id)
         stream.spans[request_id] = tracing.start_request_span("generation.request", msg.trace_context, {
@@ -358,7 +303,7 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
         stream.active.discard(request_id)
         _end_span(stream.spans.pop(request_id, None), None, error)
         self.engine.abort((stream.stream_id, request_id))  # its Completion(cancelled) is dropped: not active
-        self._put(stream, _single(wire.request_failed(request_id, error)))
+        stream.outbox.put(_single(wire.request_failed(request_id, error)))
 
 
 def _end_span(span: Span | None, item, error: errors.MstarError | None = None) -> None:
@@ -377,13 +322,6 @@ def _end_span(span: Span | None, item, error: errors.MstarError | None = None) -
             "mstar.prefill_ms": item.prefill_ms, "mstar.ttft_ms": item.ttft_ms, "mstar.decode_ms": item.decode_ms,
         })
     span.end()
-
-
-def _queue_last(stream: _Stream, item) -> None:
-    """Queue an error or the end of the stream: no later step's frames may join a message
-    queued before it (they would reach the client ahead of what ends the stream)."""
-    stream.open = None
-    stream.queue.put_nowait(item)
 
 
 def _mark_rows(hop: str, response: gen_pb2.StreamResponse) -> None:

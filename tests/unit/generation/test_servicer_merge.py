@@ -8,7 +8,7 @@ from mstar.generation.v1 import generation_service_pb2 as gen_pb2
 
 from services.common import errors
 from services.common.serving import ServingState
-from services.generation import servicer
+from services.generation import outbox
 from services.generation.outputs import StepOutput, TokenEvent
 from services.generation.sampler import TokenLogprobs
 from services.generation.servicer import GenerationServicer, _Stream
@@ -29,10 +29,8 @@ def _step(step: int, *request_ids: str) -> StepOutput:
 
 def _take(s: GenerationServicer, stream: _Stream) -> list:
     items = []
-    while not stream.queue.empty():
-        item = stream.queue.get_nowait()
-        s._taken(stream, item)
-        items.append(item)
+    while not stream.outbox.empty():
+        items.append(stream.outbox.get_nowait())
     return items
 
 
@@ -47,7 +45,7 @@ def test_a_step_the_writer_takes_at_once_goes_out_alone():
     s._dispatch(_step(1))
     [second] = _take(s, stream)
     assert _steps(first) == [0] and _steps(second) == [1]
-    assert stream.queued_frames == 0
+    assert stream.outbox.queued_frames == 0
 
 
 def test_steps_queued_behind_a_waiting_message_join_it_in_order():
@@ -65,7 +63,7 @@ def test_steps_queued_behind_a_waiting_message_join_it_in_order():
 def test_a_message_queued_after_the_open_one_closes_it():
     s, stream = _servicer()
     s._dispatch(_step(0))
-    s._put(stream, gen_pb2.StreamResponse(frames=[gen_pb2.ServerFrame()]))  # e.g. a ConductorStatus
+    stream.outbox.put(gen_pb2.StreamResponse(frames=[gen_pb2.ServerFrame()]))  # e.g. a ConductorStatus
     s._dispatch(_step(1))
     first, status, last = _take(s, stream)
     assert _steps(first) == [0] and len(status.frames) == 1 and _steps(last) == [1]
@@ -96,7 +94,7 @@ def test_logprobs_are_filled_in_place():
 
 
 def test_an_open_message_is_bounded_by_frames(monkeypatch):
-    monkeypatch.setattr(servicer, "_OPEN_MAX_FRAMES", 4)
+    monkeypatch.setattr(outbox, "MAX_JOINED_FRAMES", 4)
     s, stream = _servicer()
     for i in range(10):
         s._dispatch(_step(i))
@@ -104,7 +102,7 @@ def test_an_open_message_is_bounded_by_frames(monkeypatch):
 
 
 def test_an_open_message_is_bounded_by_bytes(monkeypatch):
-    monkeypatch.setattr(servicer, "_OPEN_MAX_BYTES", 3 * (len("a") + 16))
+    monkeypatch.setattr(outbox, "MAX_JOINED_BYTES", 3 * (len("a") + 16))
     s, stream = _servicer()
     for i in range(7):
         s._dispatch(_step(i))
@@ -114,9 +112,9 @@ def test_an_open_message_is_bounded_by_bytes(monkeypatch):
 def test_an_error_or_the_end_queued_directly_closes_the_open_message():
     s, stream = _servicer()
     s._dispatch(_step(0))
-    servicer._queue_last(stream, errors.cancelled("the reader failed"))
+    stream.outbox.put_last(errors.cancelled("the reader failed"))
     s._dispatch(_step(1))
-    servicer._queue_last(stream, None)
+    stream.outbox.put_last(None)
     s._dispatch(_step(2))
     first, error, second, end, third = _take(s, stream)
     assert _steps(first) == [0] and isinstance(error, errors.MstarError) and _steps(second) == [1]
