@@ -33,11 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 from array import array
 from collections.abc import Callable
-from dataclasses import replace
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -48,6 +46,7 @@ from mstar.v1 import messages_pb2 as pb
 from services.common import hop_trace, tracing
 from services.common.errors import Code, FieldViolation, MstarError, from_code, unavailable
 from services.common.server import channel_options
+from services.preprocess import wire
 from services.preprocess.backend_events import (
     BackendEvent,
     BackendFailed,
@@ -57,10 +56,10 @@ from services.preprocess.backend_events import (
     TokenStep,
     finished_event,
 )
-from services.preprocess.request import EmbeddingSpec, Sampling, TokenLogprobs
-from services.preprocess.wire import sampling_pb
+from services.preprocess.request import TokenLogprobs
 
 log = logging.getLogger(__name__)
+
 
 class BackendRequest:
     """One request's handle on the generation side: its event queue, append and abort.
@@ -293,7 +292,7 @@ class GenerationBackend:
                 self._outbox = outbox
                 call = gen_grpc.GenerationServiceStub(channel).Stream(_frames(outbox), metadata=self._status_metadata)
                 self._last_frame = asyncio.get_running_loop().time()
-                self.numerics = _numerics(await call.initial_metadata())
+                self.numerics = wire.numerics_of(await call.initial_metadata())
                 tasks = [asyncio.create_task(self._watch(health)), asyncio.create_task(self._watch_silence())]
                 self._set(connected=True, remote_serving=True, silent=False)
                 self.connected.set()
@@ -402,25 +401,6 @@ class GenerationBackend:
                 hop_trace.mark("pp_recv", key, frame.loop_indices[i] if i < len(frame.loop_indices) else -1)
 
 
-NUMERICS_KEY = "mstar-numerics"  # the generation servicer's initial metadata (services/generation/servicer.py)
-
-
-def _numerics(metadata) -> dict:
-    """The metadata's JSON as exactly Model.numerics' fields and types ({} if absent or malformed):
-    both ListModels (protobuf) and GET /v1/models (JSON as built) report it as is."""
-    for key, value in metadata or ():
-        if key == NUMERICS_KEY:
-            try:
-                parsed = json.loads(value)
-            except ValueError:
-                return {}
-            if not isinstance(parsed, dict):
-                return {}
-            text = {name: str(parsed.get(name, "")) for name in ("device", "weights", "activations", "kernels", "kv_cache")}
-            return {**text, "compiled_decode": bool(parsed.get("compiled_decode", False))}
-    return {}
-
-
 # One StreamRequest carries at most this many frames / about this many bytes: whatever piled up
 # is batched, but a burst must never build a message near the 16 MB limit (that would break the
 # stream every request shares) or beyond the contract's frame count.
@@ -443,20 +423,3 @@ async def _frames(outbox: asyncio.Queue[gen_pb2.ClientFrame | None]):
             batch.append(item)
             size += item.ByteSize()
         yield gen_pb2.StreamRequest(frames=batch)
-
-
-def engine_kwargs(s: Sampling, max_tokens: int) -> pb.ModelKwargs:
-    """What the engine is told about sampling. Stop strings are matched here on text; the engine
-    only sees token-level stops, the effective max_tokens and one completion (n > 1 fans out
-    above this layer)."""
-    engine_side = replace(s, stop=(), include_stop=False, max_tokens=max_tokens, n=1)
-    return pb.ModelKwargs(sampling=sampling_pb(engine_side))
-
-
-def embedding_kwargs(e: EmbeddingSpec) -> pb.ModelKwargs:
-    """What the engine is told about an embedding request (output_modalities [MODALITY_EMBEDDING])."""
-    params = pb.EmbeddingParams()
-    if e.dimensions is not None:
-        params.dimensions = e.dimensions
-    return pb.ModelKwargs(embedding=params)
-

@@ -31,11 +31,12 @@ from mstar.generation.v1 import generation_service_pb2 as gen_pb2
 
 from services.common.errors import MstarError, unavailable
 from services.common.serving import ServingState
-from services.preprocess.backend import BackendRequest, GenerationBackend, embedding_kwargs, engine_kwargs
+from services.preprocess.backend import BackendRequest, GenerationBackend
 from services.preprocess.replica import Replica
 from services.preprocess.request import EmbeddingSpec, Sampling
 from services.preprocess.resolver import Resolver
 from services.preprocess.routing import PrefixIndex, RoutingConfig, choose
+from services.preprocess.wire import embedding_kwargs, engine_kwargs
 
 log = logging.getLogger(__name__)
 

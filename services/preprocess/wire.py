@@ -1,10 +1,13 @@
 """Protobuf <-> domain for the public InferenceService (the only module besides the servicer and
-the backend that touches generated types)."""
+the backend that touches generated types), and the domain's requests as the generation contract's
+ModelKwargs and the generation stream's numerics metadata, which the backend sends and reads."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 
 from google.protobuf import timestamp_pb2
 from mstar.v1 import inference_service_pb2 as api
@@ -71,7 +74,7 @@ def model_numerics(numerics: dict) -> api.ModelNumerics | None:
     """The generation backend's numerics metadata (JSON fields) -> ModelNumerics; None before one connected."""
     if not numerics:
         return None
-    return api.ModelNumerics(**numerics)  # backend._numerics: exactly its fields and types
+    return api.ModelNumerics(**numerics)  # numerics_of: exactly its fields and types
 
 
 def sampling_pb(s: Sampling) -> pb.SamplingParams:
@@ -321,3 +324,39 @@ def _event_fields(e, sent: Sent | None = None) -> dict:
     if isinstance(e, Failed):
         return {"failed": failed(e)}
     raise TypeError(f"not a request event: {e!r}")
+
+
+NUMERICS_KEY = "mstar-numerics"  # the generation servicer's initial metadata (services/generation/servicer.py)
+
+
+def numerics_of(metadata) -> dict:
+    """The metadata's JSON as exactly Model.numerics' fields and types ({} if absent or malformed):
+    both ListModels (protobuf) and GET /v1/models (JSON as built) report it as is."""
+    for key, value in metadata or ():
+        if key == NUMERICS_KEY:
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                return {}
+            if not isinstance(parsed, dict):
+                return {}
+            text = {name: str(parsed.get(name, "")) for name in ("device", "weights", "activations", "kernels", "kv_cache")}
+            return {**text, "compiled_decode": bool(parsed.get("compiled_decode", False))}
+    return {}
+
+
+def engine_kwargs(s: Sampling, max_tokens: int) -> pb.ModelKwargs:
+    """What the engine is told about sampling. Stop strings are matched here on text; the engine
+    only sees token-level stops, the effective max_tokens and one completion (n > 1 fans out
+    above this layer)."""
+    engine_side = replace(s, stop=(), include_stop=False, max_tokens=max_tokens, n=1)
+    return pb.ModelKwargs(sampling=sampling_pb(engine_side))
+
+
+def embedding_kwargs(e: EmbeddingSpec) -> pb.ModelKwargs:
+    """What the engine is told about an embedding request (output_modalities [MODALITY_EMBEDDING])."""
+    params = pb.EmbeddingParams()
+    if e.dimensions is not None:
+        params.dimensions = e.dimensions
+    return pb.ModelKwargs(embedding=params)
+

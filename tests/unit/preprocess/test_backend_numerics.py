@@ -4,15 +4,14 @@ exactly Model.numerics' fields: whatever else the Stream's metadata holds is not
 import json
 
 from services.preprocess import wire
-from services.preprocess.backend import NUMERICS_KEY, _numerics
 
 SENT = {"device": "cpu", "weights": "Q4_1 codes x210, Q8_0 codes x1", "activations": "float32", "kernels": "cpu",
         "kv_cache": "bfloat16", "compiled_decode": True}
 
 
 def test_the_streams_metadata_becomes_model_numerics():
-    metadata = (("other", "x"), (NUMERICS_KEY, json.dumps({**SENT, "secret": "not for clients"})))
-    numerics = _numerics(metadata)
+    metadata = (("other", "x"), (wire.NUMERICS_KEY, json.dumps({**SENT, "secret": "not for clients"})))
+    numerics = wire.numerics_of(metadata)
     assert numerics == SENT  # the extra key is dropped
     message = wire.model_numerics(numerics)
     assert (message.device, message.weights, message.activations, message.kernels, message.kv_cache,
@@ -20,10 +19,10 @@ def test_the_streams_metadata_becomes_model_numerics():
 
 
 def test_missing_or_malformed_metadata_reports_nothing():
-    assert _numerics(()) == {} and _numerics(None) == {}
-    assert _numerics(((NUMERICS_KEY, "{not json"),)) == {}
-    assert _numerics(((NUMERICS_KEY, "[1, 2]"),)) == {}
+    assert wire.numerics_of(()) == {} and wire.numerics_of(None) == {}
+    assert wire.numerics_of(((wire.NUMERICS_KEY, "{not json"),)) == {}
+    assert wire.numerics_of(((wire.NUMERICS_KEY, "[1, 2]"),)) == {}
     assert wire.model_numerics({}) is None
-    partial = _numerics(((NUMERICS_KEY, json.dumps({"device": "cuda", "compiled_decode": 1})),))
+    partial = wire.numerics_of(((wire.NUMERICS_KEY, json.dumps({"device": "cuda", "compiled_decode": 1})),))
     assert partial == {"device": "cuda", "weights": "", "activations": "", "kernels": "", "kv_cache": "",
                        "compiled_decode": True}

@@ -70,8 +70,8 @@ def test_internal_keys_stay_short_whatever_id_the_client_chose():
     sent = []
     backend._healthy, backend._outbox = True, object()  # pretend connected; capture frames instead
     backend._send = sent.append
-    from services.preprocess.backend import engine_kwargs
     from services.preprocess.request import Sampling
+    from services.preprocess.wire import engine_kwargs
 
     request = BackendRequest("c" * 128, [1, 2], engine_kwargs(Sampling(), 4), input_open=False, queue_size=4)
     backend.attach(request)
@@ -111,9 +111,9 @@ def test_a_burst_is_sent_in_bounded_messages():
 def test_an_embedding_request_starts_as_one_and_its_vector_counts_as_output():
     from mstar.generation.v1 import generation_service_pb2 as gen_pb2
 
-    from services.preprocess.backend import embedding_kwargs
     from services.preprocess.backend_events import TensorResult
     from services.preprocess.request import EmbeddingSpec
+    from services.preprocess.wire import embedding_kwargs
 
     backend = GenerationBackend("127.0.0.1:1", queue_size=4)
     backend._healthy, sent = True, []

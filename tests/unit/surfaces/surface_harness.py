@@ -16,7 +16,7 @@ from mstar.v1 import messages_pb2 as pb
 from services.common.errors import Code, MstarError
 from services.common.serving import ServingState
 from services.preprocess.admission import Admission, AdmissionLimits
-from services.preprocess.backend import BackendRequest, GenerationBackend, embedding_kwargs, engine_kwargs
+from services.preprocess.backend import BackendRequest, GenerationBackend
 from services.preprocess.backend_events import BackendFailed, BackendFinished, TensorResult, TokenStep
 from services.preprocess.limits import Limits
 from services.preprocess.media import FileReader
@@ -24,6 +24,7 @@ from services.preprocess.request import TokenLogprobs
 from services.preprocess.request_run import Deps
 from services.preprocess.runner import RequestRunner
 from services.preprocess.surfaces.http import HttpRequest
+from services.preprocess.wire import embedding_kwargs, engine_kwargs
 
 
 class EchoBackend(GenerationBackend):
