@@ -281,7 +281,8 @@ class GenerationBackend:
             channel = grpc.aio.insecure_channel(self.target, options=channel_options())
             tasks: list[asyncio.Task] = []
             try:
-                await asyncio.wait_for(channel.channel_ready(), self._connect_timeout_s)
+                async with asyncio.timeout(self._connect_timeout_s):
+                    await channel.channel_ready()
                 health = health_pb2_grpc.HealthStub(channel)
                 reply = await health.Check(
                     health_pb2.HealthCheckRequest(service=""), timeout=self._connect_timeout_s

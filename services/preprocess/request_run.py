@@ -261,7 +261,8 @@ class RequestRun:
                 yield self._profile()
             self._fail_if_input_expired()  # queues the failure, which is read next
             try:
-                first = await asyncio.wait_for(queue.get(), self._input_wait_s())
+                async with asyncio.timeout(self._input_wait_s()):  # never wait_for: see pyproject's ban
+                    first = await queue.get()
             except TimeoutError:
                 self._fail_if_input_expired()
                 if queue.empty():
@@ -357,7 +358,8 @@ class RequestRun:
             event = pending.pop(0) if pending else None
             if event is None:
                 try:
-                    event = await asyncio.wait_for(queue.get(), max(0.0, deadline - loop.time()))
+                    async with asyncio.timeout_at(deadline):
+                        event = await queue.get()
                 except TimeoutError:
                     self._backend.abort("stop string matched")
                     return BackendFinished("stop")

@@ -148,3 +148,32 @@ def test_r19_sigterm_drains_inflight_and_exits_zero(make_rig, figures, service):
     assert code == 0, f"{service} exited {code}:\n{rig.child(service).log_tail()}"
     figures[f"r19_drain_{service}_inflight_done_s"] = round(finished_s, 3)
     figures[f"r19_drain_{service}_exit_s"] = round(exit_s, 3)
+
+
+@pytest.mark.slow
+def test_r18_sixty_unary_deadlines_in_a_row_each_abort_within_3_s(rig, figures):
+    # The loop that found the lost cancel (stop 21: about 1 call in 4-35 kept generating until
+    # max_tokens on a loaded 2-core box; Python 3.11's wait_for dropped a cancel that landed with
+    # a token). Most telling beside a CPU hog (`sh -c 'while :; do :; done'` x cores).
+    async def scenario():
+        leaks, slowest = [], 0.0
+        async with grpc.aio.insecure_channel(rig.grpc) as channel:
+            stub = api_grpc.InferenceServiceStub(channel)
+            for i in range(60):
+                deadline = 0.05 + (i % 8) * 0.08
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await stub.Generate(api.GenerateRequest(input=probe.text_input(max_tokens=LONG)),
+                                        timeout=deadline)
+                t0 = time.monotonic()
+                try:
+                    await probe.time_to_idle(rig.generation, rig.kv_baseline, timeout_s=3.0)
+                except AssertionError as e:
+                    leaks.append((i, deadline, str(e)[:120]))
+                    await probe.time_to_idle(rig.generation, rig.kv_baseline, timeout_s=120.0)
+                slowest = max(slowest, time.monotonic() - t0)
+        return leaks, slowest
+
+    leaks, slowest = rig.run(scenario(), timeout_s=600)
+    assert not leaks, leaks
+    figures["r18_loop_slowest_idle_s"] = round(slowest, 3)
+    rig.check_recovered()

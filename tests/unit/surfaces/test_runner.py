@@ -10,6 +10,7 @@ from surface_harness import EchoBackend, make_runner
 
 from services.common.errors import Code, MstarError
 from services.common.metrics import PreprocessMetrics
+from services.preprocess.backend_events import TokenStep
 from services.preprocess.request import Accepted, Chunk, Complete, RequestSpec, Sampling
 
 
@@ -127,9 +128,9 @@ def test_runtime_checks_name_the_field_as_each_surface_spells_it(runner):
 
 
 def test_a_call_past_its_deadline_frees_its_requests_even_if_grpc_never_cancels_the_handler(model):
-    # grpc.aio does not always cancel a unary handler whose deadline passed as it started (seen in
-    # tests/service: ~1 call in 30 with a 50-350 ms deadline ran to its end); the scope's own timer
-    # ends the request at the deadline and the reader gets DEADLINE_EXCEEDED.
+    # The scope's own timer ends the request at the call's deadline, whatever else does: the
+    # reader gets DEADLINE_EXCEEDED. (The missed cancels once blamed on grpc.aio were the
+    # wait_for race of the next test.)
     backend = EchoBackend(step_s=0.01, hold=True)
     runner = make_runner(model, backend)
     runner.deps.keepalive_s = 0.05
@@ -148,4 +149,36 @@ def test_a_call_past_its_deadline_frees_its_requests_even_if_grpc_never_cancels_
         return info.value.code, refused.value.code
 
     assert asyncio.run(go()) == (Code.DEADLINE_EXCEEDED, Code.CANCELLED)
+    assert runner.num_running == 0 and len(backend.aborted) == 1
+
+
+def test_a_cancel_landing_with_the_next_event_still_stops_the_request(model):
+    # The reader waits for its request's next event; the event and the task's cancellation (the
+    # client went away) arrive in the same loop iteration. Python 3.11's asyncio.wait_for returned
+    # the event and dropped the cancel: the handler kept streaming to nobody and the request held
+    # its admission slot and KV until max_tokens (reliability R18 flaked on a loaded box).
+    backend = EchoBackend(hold=True)
+    runner = make_runner(model, backend)
+
+    async def go():
+        scope = runner.scope()
+        stream = scope.run(spec(sampling=Sampling(max_tokens=1000)))
+
+        async def read():
+            try:
+                async for _ in stream:
+                    pass
+            finally:
+                await stream.aclose()
+
+        await anext(stream)
+        reader = asyncio.create_task(read())
+        await asyncio.sleep(0.05)  # the echo delivered the prompt; the reader waits for more
+        request = next(iter(backend._requests.values()))
+        request.deliver(TokenStep(7, None))
+        reader.cancel()
+        await asyncio.sleep(0.05)
+        return reader.cancelled()
+
+    assert asyncio.run(go()), "the reader swallowed its cancellation"
     assert runner.num_running == 0 and len(backend.aborted) == 1

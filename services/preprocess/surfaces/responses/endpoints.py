@@ -173,7 +173,8 @@ class ResponsesApi:
             state, ended = live
             runs.runner.cancel(response_id.removeprefix(PREFIX))
             try:
-                await asyncio.wait_for(ended.wait(), _CANCEL_WAIT_S)
+                async with asyncio.timeout(_CANCEL_WAIT_S):
+                    await ended.wait()
             except TimeoutError:
                 pass
             yield json_frame(state.object())
