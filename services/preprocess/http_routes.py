@@ -21,7 +21,7 @@ from contextlib import aclosing
 from google.api import httpbody_pb2
 
 from services.common import contract, errors
-from services.preprocess import client
+from services.preprocess import call
 from services.preprocess.runner import RequestRunner
 from services.preprocess.surfaces.anthropic import endpoints as anthropic
 from services.preprocess.surfaces.http import Frame, HttpRequest
@@ -46,9 +46,7 @@ class HttpRoutes:
 
     async def _stream(self, endpoint: Endpoint, context, body: bytes = b"", content_type: str = "",
                       params: dict[str, str] | None = None, *args) -> AsyncIterator[httpbody_pb2.HttpBody]:
-        scope = self.runner.scope(client.of_context(context))  # its client's fair share of admission
-        context.add_done_callback(lambda _ctx: scope.close())
-        scope.close_after(context.time_remaining())
+        scope = call.scope_of(self.runner, context)
         metadata = {k: v for k, v in (context.invocation_metadata() or ()) if k in _HEADERS}
         req = HttpRequest(body=body, content_type=content_type, headers=metadata, params=params or {})
         sent = False

@@ -33,7 +33,7 @@ from services.common import contract, errors
 from services.common.errors import MstarError
 from services.common.metrics import PreprocessMetrics, timing_headers
 from services.common.serving import ServingState
-from services.preprocess import client, peers, wire
+from services.preprocess import call, peers, wire
 from services.preprocess.http_routes import HttpRoutes
 from services.preprocess.peers import Peers
 from services.preprocess.request import Chunk, Complete, Failed, Tensor
@@ -73,10 +73,7 @@ class InferenceServicer(HttpRoutes, api_grpc.InferenceServiceServicer):
         return self.runner.num_running
 
     def _scope(self, context) -> RunScope:
-        scope = self.runner.scope(client.of_context(context))  # its client's fair share of admission
-        context.add_done_callback(lambda _ctx: scope.close())
-        scope.close_after(context.time_remaining())
-        return scope
+        return call.scope_of(self.runner, context)
 
     def _check(self, msg, prefix: str = "") -> None:
         """The contract's declared bounds, counts first, before any per-element work (the runner

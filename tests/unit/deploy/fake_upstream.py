@@ -10,7 +10,8 @@ The prompt text picks the behaviour, so each Envoy test is one HTTP request:
 The HTTP surfaces (OpenAI, Anthropic, Responses, ...) are the real ones (services/preprocess/
 http_routes.py) over a scripted runner that yields these domain events.
 For replica tests: ListModels and GET /v1/models answer the model id NAME (which replica
-served), Generate's text says whether an `mstar-forwarded` header arrived, and --refuse answers
+served), Generate's text says whether an `mstar-forwarded` header arrived ("forwarded?") or the call's
+deadline as the servicer sees it ("deadline?"), and --refuse answers
 every call UNAVAILABLE before any message (a draining replica that Envoy's health check has not
 noticed yet).
 """
@@ -104,6 +105,8 @@ class FakeInference(HttpRoutes, ipb_grpc.InferenceServiceServicer):
         if request.input.text == "forwarded?":
             seen = any(k == "mstar-forwarded" for k, _ in context.invocation_metadata())
             return ipb.GenerateResponse(request_id="req-1", text=f"{self.name}:{seen}")
+        if request.input.text == "deadline?":  # the seconds left that the real servicer would use
+            return ipb.GenerateResponse(request_id="req-1", text=repr(context.time_remaining()))
         text = []
         try:
             async for event in script(wire.request_spec(request.input, "Generate")):

@@ -177,6 +177,19 @@ def test_plain_grpc_passes_through_with_rich_errors(envoy):
     assert "mstar.v1.InferenceService" in listing.stdout and "grpc.health.v1.Health" in listing.stdout
 
 
+def test_a_grpc_clients_deadline_reaches_the_server(envoy):
+    # The server ends a call's requests at the client's deadline even if the client's cancel
+    # never arrives (a missed cancel held a slot until max_tokens), so it must see that deadline:
+    # with max_stream_duration on the plain gRPC route, Envoy rewrote grpc-timeout to 1800 s.
+    with grpc.insecure_channel(envoy.removeprefix("http://")) as channel:
+        stub = ipb_grpc.InferenceServiceStub(channel)
+        deadline = lambda timeout: eval(stub.Generate(ipb.GenerateRequest(input={"text": "deadline?"}),  # noqa: E731
+                                                      timeout=timeout).text)
+        assert 3.0 < deadline(5.0) <= 5.5  # the wire format rounds up (100 s travels as 101S)
+        assert 60.0 < deadline(100.0) <= 101.5
+        assert deadline(None) is None
+
+
 def test_dead_backend_is_an_immediate_json_503(tmp_path):
     child, base = _envoy(tmp_path, free_port(), wait_healthy=False)  # nothing listens upstream
     try:
@@ -328,3 +341,13 @@ def test_envoys_own_429_is_in_each_apis_shape(tmp_path):
         assert limited and openai_error(limited[0], 429)["type"] == "rate_limit_error"
     finally:
         child.stop(5)
+
+
+def test_a_grpc_calls_invalid_grpc_timeout_is_invalid_argument(envoy):
+    # Now that the plain gRPC route forwards grpc-timeout as it is, an invalid one must stop at the
+    # edge like on HTTP/JSON (forwarded, it broke the shared upstream connection's decoding).
+    for bad in ("abc", "-1S", "123456789S"):
+        trailers = _curl_grpc(envoy, "content-type: application/grpc", "te: trailers", f"grpc-timeout: {bad}",
+                              body=False)
+        assert trailers["grpc-status"] == "3" and "grpc-timeout" in trailers["grpc-message"], trailers
+    assert _curl_grpc(envoy, "content-type: application/grpc", "te: trailers", "grpc-timeout: 5S")["grpc-status"] == "0"
