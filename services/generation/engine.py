@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from services.common import errors, hop_trace
 from services.common.serving import ServingState, State
+from services.generation import heap
 from services.generation.block_manager import BlockManager
 from services.generation.grammar.compiler import GrammarConfig
 from services.generation.grammar.requests import GrammarRequests
@@ -104,6 +105,7 @@ class Engine:
         self._next_seq_id = 0
         self._is_stalled = False  # the last step found nothing it could schedule
         self._wall_offset = time.time() - time.monotonic()
+        self.heap_release = heap.IdleRelease()
         self.grammars = GrammarRequests(runner, config.grammar, lambda *ready: self._commands.put(("grammar", *ready)))
 
     # -- thread-safe API ----------------------------------------------------------------------
@@ -168,6 +170,7 @@ class Engine:
         except Exception as e:  # a crashed step: fail everyone, go NOT_SERVING
             self._die(e, out)
         self.stats.update(self)
+        self.heap_release.on_iteration(not self.seqs, self.num_steps)  # a burst's freed activations
         return out
 
     def _apply_commands(self, out: StepOutput, wait_s: float) -> None:
