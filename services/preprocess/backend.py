@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from array import array
 from collections.abc import Callable
 
 import grpc
@@ -43,123 +42,21 @@ from mstar.generation.v1 import generation_service_pb2 as gen_pb2
 from mstar.generation.v1 import generation_service_pb2_grpc as gen_grpc
 from mstar.v1 import messages_pb2 as pb
 
-from services.common import hop_trace, tracing
+from services.common import hop_trace
 from services.common.errors import Code, FieldViolation, MstarError, from_code, unavailable
 from services.common.server import channel_options
 from services.preprocess import wire
 from services.preprocess.backend_events import (
-    BackendEvent,
     BackendFailed,
-    BackendFinished,
     Heartbeat,
     TensorResult,
     TokenStep,
     finished_event,
 )
+from services.preprocess.backend_request import BackendRequest
 from services.preprocess.request import TokenLogprobs
 
 log = logging.getLogger(__name__)
-
-
-class BackendRequest:
-    """One request's handle on the generation side: its event queue, append and abort.
-
-    The handle outlives the stream it started on. When that stream breaks (or goes silent, or the
-    engine ends the request with UNAVAILABLE), `lost` offers it to the `failover` hook (set by the
-    replica pool). The contract's retry rule allows running it again only if no token came back
-    yet (`tokens_received`); then the pool re-submits it, with every prompt token received so
-    far, on another replica under a new key, and the reader of `queue` never notices. Otherwise
-    it fails.
-    """
-
-    def __init__(
-        self, request_id: str, prompt_ids: list[int], model_kwargs: pb.ModelKwargs, input_open: bool, queue_size: int
-    ) -> None:
-        self.request_id = request_id
-        # Every prompt token so far (start + appends): what a failover re-submits. int32 array:
-        # vocabulary ids, 4 bytes each instead of a Python int object per token.
-        self.prompt_ids = array("i", prompt_ids)
-        self.input_open = input_open
-        self.model_kwargs = model_kwargs
-        # The stream is shared by many traces: each request carries its own (the RPC's span, taken
-        # here, in the RPC's context, and sent again with every failover).
-        self.trace_context = tracing.inject()
-        self.backend: GenerationBackend | None = None  # the stream of the current attempt
-        self.key = ""  # the short per-stream key of the current attempt ("r1f")
-        self.tried: list[str] = []  # replica addresses of every attempt, first to current
-        self.failover: Callable[[BackendRequest, MstarError], bool] | None = None
-        self.tokens_received = False
-        # queue_size events at most, plus one slot kept for the request's terminal event, so a
-        # reader that is behind still gets every token and then the finish, never a finish alone.
-        self._max_pending = queue_size
-        self.queue: asyncio.Queue[BackendEvent] = asyncio.Queue(maxsize=queue_size + 1)
-        self.ended = False
-
-    def append(self, token_ids: list[int], end: bool) -> None:
-        if self.ended:
-            return
-        self.prompt_ids.extend(token_ids)
-        self.input_open = self.input_open and not end
-        chunk = pb.PromptPart(modality=pb.MODALITY_TOKENS, token_ids=pb.TokenIds(ids=token_ids))
-        append = pb.ClientAppend(
-            request_id=self.key, chunks=[chunk], ends=[pb.MODALITY_TOKENS] if end else []
-        )
-        self.backend._send(gen_pb2.ClientFrame(client_append=append))
-
-    def stop_early(self, reason: str) -> None:
-        """Stop generating but keep listening: the engine ends the request with a RequestComplete
-        (cancelled) that still carries its usage and timings (a stop string matched here)."""
-        if not self.ended and self.backend is not None and self.key in self.backend._requests:
-            self.backend._send(gen_pb2.ClientFrame(abort=gen_pb2.Abort(request_id=self.key, reason=reason[:256])))
-
-    def abort(self, reason: str) -> None:
-        """Stop generating for this request. Idempotent; safe from any finally-path."""
-        self.detach(reason)
-        self.ended = True
-
-    def detach(self, reason: str) -> None:
-        """Abort the current attempt on its stream, keeping the handle (failover may move it)."""
-        backend = self.backend
-        if backend is not None and backend._requests.pop(self.key, None) is not None:
-            backend._send(gen_pb2.ClientFrame(abort=gen_pb2.Abort(request_id=self.key, reason=reason[:256])))
-
-    def end_locally(self, event: object, reason: str) -> None:
-        """Abort in the engine and make `event` the last thing the reader sees (cancel, local
-        failure). No-op once the request ended."""
-        if self.ended:
-            return
-        self.abort(reason)
-        while self.queue.full():
-            self.queue.get_nowait()
-        self.queue.put_nowait(event)
-
-    def lost(self, error: MstarError) -> None:
-        """The current replica lost this request (its stream broke, or the engine ended it with
-        UNAVAILABLE): run it elsewhere if the failover hook can, else fail it with `error`."""
-        if self.ended:
-            return
-        if self.failover is not None and self.failover(self, error):
-            return
-        self.deliver(BackendFailed(error))
-
-    def deliver(self, event: BackendEvent) -> None:
-        """Queue an event; a request whose reader fell `queue_size` events behind is failed
-        (bounded memory per request: a stalled client must not grow our buffers)."""
-        if self.ended:
-            return
-        terminal = isinstance(event, BackendFinished | BackendFailed)
-        if not terminal and self.queue.qsize() >= self._max_pending:
-            self.abort("client too slow")
-            event, terminal = BackendFailed(
-                MstarError(Code.RESOURCE_EXHAUSTED, "SLOW_CONSUMER", "the client did not read its output in time")
-            ), True
-            while not self.queue.empty():  # the backlog is replaced by the error the reader sees next
-                self.queue.get_nowait()
-        if terminal:
-            self.ended = True
-        elif isinstance(event, TokenStep | TensorResult):
-            self.tokens_received = True  # from now on a lost stream fails the request (no retry)
-        self.queue.put_nowait(event)  # a terminal event always fits: the spare slot
 
 
 class GenerationBackend:
@@ -243,13 +140,22 @@ class GenerationBackend:
             model_kwargs=request.model_kwargs,
             trace_context=request.trace_context,
         )
-        self._send(gen_pb2.ClientFrame(preprocess_input=start))
+        self.send(gen_pb2.ClientFrame(preprocess_input=start))
 
     # ---- connection
 
-    def _send(self, frame: gen_pb2.ClientFrame) -> None:
+    def send(self, frame: gen_pb2.ClientFrame) -> None:
+        """Queue a frame for the stream; dropped while no stream is up (its requests are lost then)."""
         if self._outbox is not None:
             self._outbox.put_nowait(frame)
+
+    def is_running(self, key: str) -> bool:
+        """Whether the request under `key` still runs on this stream (no terminal frame yet)."""
+        return key in self._requests
+
+    def forget(self, key: str) -> bool:
+        """Stop routing frames to `key` (its later frames are dropped); False if it was not running."""
+        return self._requests.pop(key, None) is not None
 
     def _report_health(self) -> None:
         if not self._connected:

@@ -31,7 +31,8 @@ from mstar.generation.v1 import generation_service_pb2 as gen_pb2
 
 from services.common.errors import MstarError, unavailable
 from services.common.serving import ServingState
-from services.preprocess.backend import BackendRequest, GenerationBackend
+from services.preprocess.backend import GenerationBackend
+from services.preprocess.backend_request import BackendRequest
 from services.preprocess.replica import Replica
 from services.preprocess.request import EmbeddingSpec, Sampling
 from services.preprocess.resolver import Resolver

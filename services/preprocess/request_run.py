@@ -19,7 +19,6 @@ from services.common import hop_trace
 from services.common.errors import Code, MstarError, failed_precondition, renamed
 from services.preprocess import limits as caps
 from services.preprocess.admission import Admission, Ticket
-from services.preprocess.backend import BackendRequest
 from services.preprocess.backend_events import (
     BackendFailed,
     BackendFinished,
@@ -27,6 +26,7 @@ from services.preprocess.backend_events import (
     TensorResult,
     TokenStep,
 )
+from services.preprocess.backend_request import BackendRequest
 from services.preprocess.detokenizer import Detokenizer
 from services.preprocess.input_names import input_names
 from services.preprocess.limits import Limits

@@ -5,14 +5,15 @@ request finishes still gets every token, then the finish."""
 from mstar.v1 import messages_pb2 as pb
 
 from services.common.errors import Code
-from services.preprocess.backend import BackendRequest, GenerationBackend
+from services.preprocess.backend import GenerationBackend
 from services.preprocess.backend_events import BackendFailed, BackendFinished, TokenStep
+from services.preprocess.backend_request import BackendRequest
 
 
 def backend_with_request(queue_size: int):
     backend = GenerationBackend("127.0.0.1:1", queue_size=queue_size)  # never started: no network
     sent = []
-    backend._send = sent.append  # what would go to the engine on the stream
+    backend.send = sent.append  # what would go to the engine on the stream
     request = BackendRequest("r", [1, 2], pb.ModelKwargs(), input_open=False, queue_size=queue_size)
     request.backend, request.key = backend, "r0"
     backend._requests["r0"] = request
@@ -69,7 +70,7 @@ def test_internal_keys_stay_short_whatever_id_the_client_chose():
     backend = GenerationBackend("127.0.0.1:1")
     sent = []
     backend._healthy, backend._outbox = True, object()  # pretend connected; capture frames instead
-    backend._send = sent.append
+    backend.send = sent.append
     from services.preprocess.request import Sampling
     from services.preprocess.wire import engine_kwargs
 
@@ -117,7 +118,7 @@ def test_an_embedding_request_starts_as_one_and_its_vector_counts_as_output():
 
     backend = GenerationBackend("127.0.0.1:1", queue_size=4)
     backend._healthy, sent = True, []
-    backend._outbox, backend._send = object(), sent.append
+    backend._outbox, backend.send = object(), sent.append
     request = BackendRequest("e", [1, 2], embedding_kwargs(EmbeddingSpec(8)), input_open=False, queue_size=4)
     backend.attach(request)
     (start,) = [f.preprocess_input for f in sent]

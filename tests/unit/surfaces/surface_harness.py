@@ -16,8 +16,9 @@ from mstar.v1 import messages_pb2 as pb
 from services.common.errors import Code, MstarError
 from services.common.serving import ServingState
 from services.preprocess.admission import Admission, AdmissionLimits
-from services.preprocess.backend import BackendRequest, GenerationBackend
+from services.preprocess.backend import GenerationBackend
 from services.preprocess.backend_events import BackendFailed, BackendFinished, TensorResult, TokenStep
+from services.preprocess.backend_request import BackendRequest
 from services.preprocess.limits import Limits
 from services.preprocess.media import FileReader
 from services.preprocess.request import TokenLogprobs
@@ -35,7 +36,7 @@ class EchoBackend(GenerationBackend):
     def __init__(self, step_s: float = 0.0, hold: bool = False, fail_after: int | None = None) -> None:
         super().__init__("echo")
         self._healthy = True
-        self._outbox = asyncio.Queue()  # never read: _send is the engine
+        self._outbox = asyncio.Queue()  # never read: send is the engine
         self.step_s = step_s
         self.hold = hold  # True: requests never finish (until aborted)
         self.fail_after = fail_after  # tokens before the request fails UNAVAILABLE (engine lost)
@@ -52,7 +53,7 @@ class EchoBackend(GenerationBackend):
         self.attach(request)
         return request
 
-    def _send(self, envelope) -> None:
+    def send(self, envelope) -> None:
         kind = envelope.WhichOneof("frame")
         if kind == "preprocess_input":
             msg = envelope.preprocess_input
