@@ -71,18 +71,24 @@ def evaluate(res: dict) -> list[Verdict]:
 
 
 def _rss(m: dict, ll: dict) -> Verdict:
-    """The worst level: mstar's peak RSS over llama-server's, level by level."""
+    """The worst level and round: mstar's peak RSS over llama-server's in the same round at the same
+    level ("the same load": both systems' RSS grows from round to round with what ran before, so a
+    best-round pairing could set one system's round 2 against the other's round 1)."""
     target = f"RSS of mstar's three processes ≤ {RSS_VS_LLAMA:.0f}× llama-server's at the same load"
     pairs = []
     for mr in m.get(_mstar_key(m)) or []:
         lr = _row(ll, "http", mr["concurrency"])
-        if lr and mr.get("rss_peak_mb") and lr.get("rss_peak_mb"):
-            pairs.append((mr["rss_peak_mb"] / lr["rss_peak_mb"], mr["concurrency"], mr["rss_peak_mb"], lr["rss_peak_mb"]))
+        if not lr:
+            continue
+        rounds = list(zip(mr.get("rounds") or [mr], lr.get("rounds") or [lr], strict=False))
+        for i, (a, b) in enumerate(rounds, 1):
+            if a.get("rss_peak_mb") and b.get("rss_peak_mb"):
+                where = f"{mr['concurrency']} stream{'s' * (mr['concurrency'] > 1)}" + (f", round {i}" if len(rounds) > 1 else "")
+                pairs.append((a["rss_peak_mb"] / b["rss_peak_mb"], where, a["rss_peak_mb"], b["rss_peak_mb"]))
     if not pairs:
         return Verdict(target, "–", None, None)
-    ratio, c, mb, lb = max(pairs)
-    return Verdict(target, f"worst at {c} stream{'s' * (c > 1)}: {mb:,.0f} vs {lb:,.0f} MB peak", ratio,
-                   ratio <= RSS_VS_LLAMA)
+    ratio, where, mb, lb = max(pairs)
+    return Verdict(target, f"worst at {where}: {mb:,.0f} vs {lb:,.0f} MB peak", ratio, ratio <= RSS_VS_LLAMA)
 
 
 def _transport(t: dict) -> Verdict:
