@@ -33,6 +33,7 @@ import time
 import torch
 import torch._inductor.config
 
+from services.generation.graph_call import DirectCall, RecordingBackend
 from services.generation.models.llama import KVCache, StepMetadata, Transformer
 from services.generation.threads import usable_cpus
 
@@ -100,6 +101,20 @@ def padding_step(rows: int, max_blocks: int, device: torch.device) -> tuple[torc
     """A decode step made only of padding rows: running it writes nothing and reads no cache."""
     inputs = StaticDecodeInputs(rows, max_blocks, device)
     return inputs.views(rows)
+
+
+def _probe_of_distinct_sizes(device: torch.device) -> tuple[torch.Tensor, StepMetadata]:
+    """A step whose unbacked sizes all differ (5 tokens, 2 sequences, 3 cu_seqlens, 1 logits row,
+    4 blocks wide), so graph_call can tell which graph argument is which; it stores nothing."""
+    def tensor(values, dtype):
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    meta = StepMetadata(
+        positions=tensor([0, 1, 0, 1, 2], torch.int64), slot_mapping=tensor([-1] * 5, torch.int64),
+        block_tables=torch.zeros(2, 4, dtype=torch.int32, device=device), cu_seqlens_q=tensor([0, 2, 5], torch.int32),
+        context_lens=tensor([2, 3], torch.int32), logits_indices=tensor([4], torch.int64),
+    )
+    return torch.zeros(5, dtype=torch.int64, device=device), meta
 
 
 def cuda_capture(run, pool):
@@ -201,8 +216,10 @@ class CompiledStep:
             # Inductor's pool of compile workers costs ~8 s to start on a 2-core box: more than the
             # parallel C++ compiles win there, and the warm (cached) restart needs no compiler at all.
             torch._inductor.config.compile_threads = 1
-        self.compiled = torch.compile(model.forward, fullgraph=True, dynamic=False, backend=backend,
+        self.backend = RecordingBackend(backend)
+        self.compiled = torch.compile(model.forward, fullgraph=True, dynamic=False, backend=self.backend,
                                       options={"guard_filter_fn": _guards_that_tell_models_apart})
+        self.direct: DirectCall | None = None  # the graph without Dynamo's entry (graph_call.py), once warm
         self.is_warm = False
 
     def covers(self, input_ids: torch.Tensor, meta: StepMetadata) -> bool:
@@ -212,14 +229,24 @@ class CompiledStep:
     def warm_up(self) -> None:
         t0 = time.monotonic()
         self(*padding_step(2, 2, self.device))
+        # Both probes write nothing (every slot -1) and read only what they may: at warm-up the
+        # cache holds no request's data.
+        self.direct = DirectCall.build(self.backend, self._through_dynamo,
+                                       [_probe_of_distinct_sizes(self.device), padding_step(3, 2, self.device)])
         self.is_warm = True
-        log.info("compiled the model step", extra={"seconds": round(time.monotonic() - t0, 1)})
+        log.info("compiled the model step", extra={"seconds": round(time.monotonic() - t0, 1),
+                                                   "direct_call": self.direct is not None})
 
     def __call__(self, input_ids: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
         # The graph was traced on contiguous inputs; its guards check strides too.
         input_ids = input_ids.contiguous()
         meta = StepMetadata(*(t.contiguous() for t in (meta.positions, meta.slot_mapping, meta.block_tables,
                                                       meta.cu_seqlens_q, meta.context_lens, meta.logits_indices)))
+        if self.is_warm and self.direct is not None and self.direct.accepts(input_ids, meta):
+            return self.direct(input_ids, meta)
+        return self._through_dynamo(input_ids, meta)
+
+    def _through_dynamo(self, input_ids: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
         for t in (input_ids, meta.positions, meta.slot_mapping, meta.context_lens, meta.logits_indices,
                   meta.block_tables, meta.cu_seqlens_q):
             torch._dynamo.decorators.mark_unbacked(t, 0)  # each its own size: tokens, sequences, rows

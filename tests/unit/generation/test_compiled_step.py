@@ -191,11 +191,26 @@ def test_the_compiled_step_gives_the_eager_tokens_without_recompiling(tiny_check
     runner.warm_up()
     frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     assert frames == 1  # one graph for every step
+    assert spy.step.direct is not None  # served without Dynamo's per-call entry (graph_call.py)
+    spy.step.direct = _CountingDirect(spy.step.direct)
     # prefill steps of 1..20 tokens mixed with decode rows, decode steps of 5..1 rows, tables 1..6 wide
     assert _greedy_tokens(runner, PROMPTS) == eager
     assert spy.prefill_steps and spy.decode_steps  # every step ran the compiled graph
     assert _greedy_tokens(runner, [PROMPTS[0]]) == [eager[0]]
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames  # no recompile while serving
+    assert spy.step.direct.calls == spy.prefill_steps + spy.decode_steps  # every step took the direct call
+
+
+class _CountingDirect:
+    def __init__(self, direct):
+        self.direct, self.calls = direct, 0
+
+    def accepts(self, input_ids, meta):
+        return self.direct.accepts(input_ids, meta)
+
+    def __call__(self, input_ids, meta):
+        self.calls += 1
+        return self.direct(input_ids, meta)
 
 
 def test_embedding_steps_run_eager_next_to_the_compiled_generation_steps(tiny_checkpoint):
