@@ -30,9 +30,6 @@ from services.generation.models.llama import StepMetadata
 
 log = logging.getLogger(__name__)
 
-_TENSORS = ("input_ids", "positions", "slot_mapping", "block_tables", "cu_seqlens_q", "context_lens", "logits_indices")
-
-
 def step_tensors(input_ids: torch.Tensor, meta: StepMetadata) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "positions": meta.positions, "slot_mapping": meta.slot_mapping,
             "block_tables": meta.block_tables, "cu_seqlens_q": meta.cu_seqlens_q,
@@ -128,8 +125,9 @@ class DirectCall:
         if len(set(sizes.values())) != len(sizes):
             raise ValueError(f"the first probe's sizes must all differ: {sizes}")
         by_value = {v: k for k, v in sizes.items()}
-        by_id = {id(t): name for name, t in step_tensors(input_ids, meta).items()}
-        if len(by_id) != len(_TENSORS):
+        tensors = step_tensors(input_ids, meta)
+        by_id = {id(t): name for name, t in tensors.items()}
+        if len(by_id) != len(tensors):
             raise ValueError("the probe's step tensors must be distinct objects")
         backend.record()
         run_dynamo(input_ids, meta)
@@ -147,7 +145,7 @@ class DirectCall:
                 size_slots.append((i, by_value[arg]))
             elif not isinstance(arg, torch.Tensor):
                 raise ValueError(f"graph argument {i} is a {type(arg).__name__}")
-        kinds = {name: _kind(t) for name, t in step_tensors(input_ids, meta).items()}
+        kinds = {name: _kind(t) for name, t in tensors.items()}
         return cls(backend.fn, template, tensor_slots, size_slots, kinds)
 
 

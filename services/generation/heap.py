@@ -57,7 +57,6 @@ class IdleRelease:
         self._release, self._clock = release, clock
         self._steps = 0
         self._at = clock()
-        self.count = 0
 
     def on_iteration(self, idle: bool, steps: int) -> bool:
         """Called after every engine loop iteration; True when it released."""
@@ -68,5 +67,4 @@ class IdleRelease:
             return False
         self._steps, self._at = steps, now
         self._release()
-        self.count += 1
         return True
