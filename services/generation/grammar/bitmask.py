@@ -21,6 +21,8 @@ import time
 
 import torch
 
+from services.generation.grammar.xgr import xgrammar
+
 # _BLOCKED[b, i]: bit i of byte value b is clear, i.e. the token at that bit is not allowed.
 _BLOCKED = ((torch.arange(256, dtype=torch.int32)[:, None] >> torch.arange(8, dtype=torch.int32)) & 1) == 0
 
@@ -60,8 +62,7 @@ class TokenMasks:
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int], num_blocked_words=None) -> None:
     """Set logits[r, v] = -inf where bit v of bitmask[r] is 0, for r in rows (in place).
     num_blocked_words: per row of rows, its all-zero int32 words (counted here when not given)."""
-    import xgrammar as xgr
-
+    xgr = xgrammar()
     vocab = logits.shape[1]
     if logits.device.type != "cpu":
         xgr.apply_token_bitmask_inplace(logits, bitmask[: logits.shape[0]].to(logits.device, non_blocking=True),

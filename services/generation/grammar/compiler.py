@@ -34,6 +34,7 @@ from services.common.structured_output import (
 )
 from services.generation.grammar.cache import LruCache
 from services.generation.grammar.json_schema import safe_json_grammar
+from services.generation.grammar.xgr import xgrammar
 from services.generation.weights.vocabulary import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -119,8 +120,7 @@ class GrammarCompiler:
         return result
 
     def _compile_one(self, c: StructuredOutput):
-        import xgrammar as xgr
-
+        xgr = xgrammar()
         compiler = self._compiler()
         if c.kind == JSON_SCHEMA:
             grammar = xgr.Grammar.from_json_schema(c.json_schema, any_whitespace=False, strict_mode=True)
@@ -138,8 +138,7 @@ class GrammarCompiler:
 
     def _compiler(self):
         if self._xgr_compiler is None:
-            import xgrammar as xgr
-
+            xgr = xgrammar()
             v = self.vocabulary
             kind = {"byte_level": xgr.VocabType.BYTE_LEVEL, "byte_fallback": xgr.VocabType.BYTE_FALLBACK,
                     "raw": xgr.VocabType.RAW}[v.encoding]
@@ -156,8 +155,7 @@ def _failing_part(c: StructuredOutput) -> str:
     """The part of a constraint that does not compile: for tool calls, the first tool whose
     argument schema fails alone (so the surface can name that tool), else the whole kind."""
     if c.kind == TOOL_CALLS:
-        import xgrammar as xgr
-
+        xgr = xgrammar()
         for i, tag in enumerate(c.tool_calls.tags):
             try:
                 xgr.Grammar.from_json_schema(tag.json_schema, any_whitespace=False, strict_mode=True)

@@ -13,6 +13,8 @@ strings could not hold escapes before either.
 
 from __future__ import annotations
 
+from services.generation.grammar.xgr import xgrammar
+
 _UNSAFE = '[^\\"\\\\\\r\\n]'  # as xgrammar prints it: not a quote, a backslash, CR or LF
 _SAFE = '[^\\0-\\x1f\\"\\\\]'  # not a control character (CR and LF included), a quote or a backslash
 
@@ -22,6 +24,5 @@ def safe_json_grammar(grammar):
     text = str(grammar)
     if _UNSAFE not in text:
         return grammar
-    import xgrammar as xgr
-
+    xgr = xgrammar()
     return xgr.Grammar.from_ebnf(text.replace(_UNSAFE, _SAFE))

@@ -12,11 +12,12 @@ terminates the matcher as soon as the grammar is complete.
 
 from __future__ import annotations
 
+from services.generation.grammar.xgr import xgrammar
+
 
 class SequenceGrammar:
     def __init__(self, compiled_grammar, stop_token_ids):
-        import xgrammar as xgr
-
+        xgr = xgrammar()
         stops = sorted(set(stop_token_ids))
         self._matcher = xgr.GrammarMatcher(
             compiled_grammar, override_stop_tokens=stops or None, terminate_without_stop_token=not stops)
