@@ -71,7 +71,8 @@ def engine_launches(target: Target, models=SUPPORTED, dtypes=DTYPES, block_sizes
 
 def run_step(transformer, ops: _CapturingOps, block_size: int, step: Step) -> None:
     """One engine step through the model (2 layers: the first block's norm differs), then the draw."""
-    from services.generation.models.llama import KVCache, StepMetadata
+    from services.generation.models.kv_cache import KVCache
+    from services.generation.models.llama import StepMetadata
 
     width = math.ceil(step.max_context / block_size)
     kv_cache = KVCache(transformer.config, step.seqs * width, block_size, META, transformer.embed.dtype)

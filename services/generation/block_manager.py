@@ -8,13 +8,15 @@ until its block is actually needed for something else.
 
 Which free block a new token gets, in order: a used-before block with nothing cached in it; then
 a never-used block; then the least recently freed cached block. With ``bound_resident`` (a CPU
-cache whose pages become resident memory only when first written, models/llama.py ``_zeros``),
+cache whose pages become resident memory only when first written, models/kv_cache.py),
 never-used blocks are taken only while the blocks ever used number fewer than twice the most that
 were ever in use at once (at least ``MIN_RESIDENT_BLOCKS``); past that a cached block is reused
 first. Without it, sustained traffic walks the free list through every block and the process
 keeps the whole cache resident (0.38 GB for the default 16k tokens) to retain prefixes nobody
 asked for again; with it, resident KV follows the load's working set and the prefix cache still
-keeps at least as many free blocks as the busiest moment used.
+keeps at least as many free blocks as the busiest moment used. When the engine goes idle, the
+free blocks that cache nothing become never-used again (``reclaim_uncached_free_blocks``) and the
+cache gives their pages back to the OS.
 """
 
 from __future__ import annotations
@@ -155,6 +157,18 @@ class BlockManager:
         seq.block_table = []
         if not keep_cache:
             seq.block_hashes = []
+
+    def reclaim_uncached_free_blocks(self) -> list[int]:
+        """Turn the free blocks that cache nothing back into never-used ones and return their ids,
+        so the caller can release their memory (their contents are garbage either way: a
+        sequence's partly filled last block, or blocks evicted as bad K/V). With bound_resident
+        they then no longer count as resident, and are handed out like never-used blocks."""
+        ids = [b for b in self.free_block_ids if self.blocks[b].hash is None]
+        for block_id in ids:
+            del self.free_block_ids[block_id]
+        if ids:
+            self.unused_block_ids = sorted([*self.unused_block_ids, *ids], reverse=True)  # pop() = lowest id
+        return ids
 
     def _next_free_block(self) -> int:
         """The free block to give out next (the order in the module docstring)."""

@@ -34,7 +34,8 @@ import torch
 import torch._inductor.config
 
 from services.generation.graph_call import DirectCall, RecordingBackend
-from services.generation.models.llama import KVCache, StepMetadata, Transformer
+from services.generation.models.kv_cache import KVCache
+from services.generation.models.llama import StepMetadata, Transformer
 from services.generation.threads import usable_cpus
 
 log = logging.getLogger(__name__)

@@ -83,7 +83,7 @@ class Engine:
         serving: ServingState | None = None,
     ):
         """runner: ModelRunner or NullRunner (vocab_size, eos_token_ids, max_model_len, vocabulary, run,
-        clear_blocks). Without a vocabulary, structured output is refused (STRUCTURED_OUTPUT_UNAVAILABLE).
+        clear_blocks, release_blocks). Without a vocabulary, structured output is refused (STRUCTURED_OUTPUT_UNAVAILABLE).
         serving: the process's state (a private one, STARTING, when absent: tests, benchmarks)."""
         self.runner = runner
         self.config = config
@@ -105,7 +105,7 @@ class Engine:
         self._next_seq_id = 0
         self._is_stalled = False  # the last step found nothing it could schedule
         self._wall_offset = time.time() - time.monotonic()
-        self.heap_release = heap.IdleRelease()
+        self.heap_release = heap.IdleRelease(release=self._release_idle_memory)
         self.grammars = GrammarRequests(runner, config.grammar, lambda *ready: self._commands.put(("grammar", *ready)))
 
     # -- thread-safe API ----------------------------------------------------------------------
@@ -170,8 +170,17 @@ class Engine:
         except Exception as e:  # a crashed step: fail everyone, go NOT_SERVING
             self._die(e, out)
         self.stats.update(self)
-        self.heap_release.on_iteration(not self.seqs, self.num_steps)  # a burst's freed activations
+        self.heap_release.on_iteration(not self.seqs, self.num_steps)  # a burst's freed memory
         return out
+
+    def _release_idle_memory(self) -> bool:
+        """Idle after work: the pages of free KV blocks that cache nothing (a sequence's partly
+        filled last block, which no prefix lookup can hit), then the C heap's free pages."""
+        if self.block_manager.bound_resident:
+            blocks = self.block_manager.reclaim_uncached_free_blocks()
+            released = self.runner.release_blocks(blocks)
+            log.debug("idle: released KV blocks", extra={"blocks": len(blocks), "bytes": released})
+        return heap.release()
 
     def _apply_commands(self, out: StepOutput, wait_s: float) -> None:
         try:

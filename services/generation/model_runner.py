@@ -14,7 +14,8 @@ import torch
 from kernels import cpu
 from kernels.dispatch import KernelOps
 from services.generation.compiled_step import CompiledStep, CudaGraphDecode
-from services.generation.models.llama import KVCache, StepMetadata, Transformer
+from services.generation.models.kv_cache import KVCache
+from services.generation.models.llama import StepMetadata, Transformer
 from services.generation.numerics import choose, resolve_device
 from services.generation.sampler import SampleOutput, Sampler
 from services.generation.sequence import Sequence
@@ -190,3 +191,7 @@ class ModelRunner:
     def clear_blocks(self, block_ids: list[int]) -> None:
         with torch.inference_mode():
             self.kv_cache.clear_blocks(block_ids)
+
+    def release_blocks(self, block_ids: list[int]) -> int:
+        """Give free blocks' memory back to the OS (a CPU cache's pages); returns the bytes released."""
+        return self.kv_cache.release_blocks(block_ids)

@@ -40,3 +40,6 @@ class NullRunner:
 
     def clear_blocks(self, block_ids: list[int]) -> None:
         return None
+
+    def release_blocks(self, block_ids: list[int]) -> int:
+        return 0

@@ -14,7 +14,8 @@ import transformers
 
 from kernels.dispatch import KernelOps
 from services.generation.models.config import LlamaConfig
-from services.generation.models.llama import KVCache, StepMetadata, Transformer
+from services.generation.models.kv_cache import KVCache
+from services.generation.models.llama import StepMetadata, Transformer
 
 CONFIG = LlamaConfig(
     vocab_size=97, hidden_size=48, intermediate_size=67, num_layers=2, num_heads=6, num_kv_heads=2,

@@ -17,8 +17,6 @@ state either, so one instance serves eager steps and compiled decode graphs alik
 
 from __future__ import annotations
 
-import math
-import mmap
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +26,7 @@ from torch import nn
 from kernels import cpu
 from kernels.dispatch import KernelOps
 from services.generation.models.config import LlamaConfig, check_state_dict
+from services.generation.models.kv_cache import KVCache
 from services.generation.models.linear import Dense, Embedding, Projection, Quantized
 from services.generation.weights.blocks import BlockWeight
 
@@ -42,50 +41,6 @@ class StepMetadata:
     cu_seqlens_q: torch.Tensor  # [B + 1] int32
     context_lens: torch.Tensor  # [B] int32
     logits_indices: torch.Tensor  # [S] int64 rows whose logits are needed (last token of sampling seqs)
-
-
-class KVCache:
-    """One K and one V tensor per layer, allocated once: [num_blocks, block_size, Hk, D] each.
-
-    Separate tensors per layer (not one [L, ...] tensor) so each layer's cache is a whole tensor
-    that a compiled graph's in-place cache write can mutate without a view of a larger input."""
-
-    def __init__(self, config: LlamaConfig, num_blocks: int, block_size: int, device, dtype):
-        shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
-        self.k = [_zeros(shape, device, dtype) for _ in range(config.num_layers)]
-        self.v = [_zeros(shape, device, dtype) for _ in range(config.num_layers)]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.k[0].dtype
-
-    @property
-    def resident_on_write(self) -> bool:
-        """Whether a block costs resident memory only once written (_zeros' CPU mapping)."""
-        return self.k[0].device.type == "cpu"
-
-    def clear_blocks(self, block_ids: list[int]) -> None:
-        """Zero blocks that may hold non-finite values, so no later reader can pick them up."""
-        if block_ids:
-            index = torch.tensor(block_ids, device=self.k[0].device)
-            for cache in self.k + self.v:
-                cache[index] = 0
-
-
-def _zeros(shape: tuple[int, ...], device, dtype: torch.dtype) -> torch.Tensor:
-    """A zeroed cache tensor. On CPU it lives in an anonymous mapping, whose pages the kernel
-    zero-fills on first touch: the cache costs memory (RSS) only for the blocks that have been
-    written (llama-server's RSS also grows with its load), instead of all of it from start-up
-    (torch.zeros writes every page). The block manager (bound_resident) reuses written blocks before
-    it writes new ones once it holds twice the busiest moment's blocks, so under sustained traffic
-    RSS follows the load's working set, not the size of the cache."""
-    count = math.prod(shape)
-    if torch.device(device).type != "cpu" or count == 0:
-        return torch.zeros(shape, device=device, dtype=dtype)
-    # Private (Python's default for -1 is shared: shmem, charged differently and never a huge page).
-    # torch.frombuffer holds a reference to the mapping for as long as the tensor lives.
-    mapping = mmap.mmap(-1, count * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    return torch.frombuffer(mapping, dtype=dtype, count=count).view(shape)
 
 
 class Attention(nn.Module):

@@ -157,3 +157,22 @@ def test_hit_rate_counters():
     b = seq(range(9), 1)
     bm.allocate_cached_prefix(b)
     assert bm.num_prefix_query_tokens == 18 and bm.num_prefix_hit_tokens == 8
+
+
+def test_reclaiming_turns_free_uncached_blocks_into_never_used_ones():
+    bm = BlockManager(16, 4, bound_resident=True)
+    a, b = seq(range(10), 0), seq(range(100, 106), 1)  # 2 full blocks + 2 tokens; 1 full + 2 tokens
+    compute(bm, a, 10)
+    compute(bm, b, 6)
+    assert a.block_table == [0, 1, 2] and b.block_table == [3, 4]
+    bm.free(a)
+    assert bm.num_ever_used_blocks == 5
+    assert bm.reclaim_uncached_free_blocks() == [2]  # a's partly filled last block; b still runs
+    assert bm.num_ever_used_blocks == 4 and bm.num_free_blocks == 14
+    assert bm.reclaim_uncached_free_blocks() == []
+    assert bm.allocate_cached_prefix(seq(list(range(10)) + [7], 2)) == 8  # the cached blocks stay
+    bm.free(b)
+    assert bm.reclaim_uncached_free_blocks() == [4]
+    c = seq(range(200, 205), 3)
+    compute(bm, c, 5)
+    assert c.block_table == [2, 4]  # lowest ids first, like never-used blocks

@@ -7,7 +7,7 @@ import psutil
 import torch
 
 from services.generation.models.config import LlamaConfig
-from services.generation.models.llama import KVCache
+from services.generation.models.kv_cache import KVCache
 
 # 8 layers x K and V x 256 blocks x 16 tokens x 4 heads x 64 x 4 bytes = 64 MiB in all.
 CONFIG = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=512, num_layers=8, num_heads=4,
@@ -43,3 +43,30 @@ def test_only_written_blocks_become_resident():
     assert full == 64 << 20
     assert allocated < full // 8, f"{allocated >> 20} MiB resident right after allocating a {full >> 20} MiB cache"
     assert written < full // 4, f"{written >> 20} MiB resident after writing 16 blocks of 16 KiB"
+
+
+def test_released_blocks_give_their_pages_back_and_read_as_zero():
+    cache = KVCache(CONFIG, num_blocks=256, block_size=16, device="cpu", dtype=torch.float32)
+    for t in cache.k + cache.v:
+        t[:200] = 2.0  # 200 blocks of 16 KiB in each of 16 tensors: 50 MiB
+    written = _rss()
+    released = cache.release_blocks([*range(10, 190), 199])  # 180 in a run, and one alone
+    assert released == 181 * BLOCK_BYTES * 2 * CONFIG.num_layers  # 16 KiB blocks are whole pages
+    dropped = written - _rss()
+    assert dropped > released * 3 // 4, f"RSS fell by {dropped >> 20} MiB after releasing {released >> 20} MiB"
+    k = cache.k[5]
+    assert k[10:190].count_nonzero() == 0 and k[199].count_nonzero() == 0
+    assert (k[:10] == 2.0).all() and (k[190:199] == 2.0).all()  # the blocks around them keep their data
+    k[12] = 3.0  # and released blocks are writable again
+    assert (k[12] == 3.0).all()
+
+
+def test_a_page_shared_with_a_kept_block_is_not_released():
+    small = LlamaConfig(**{**CONFIG.__dict__, "num_kv_heads": 2, "head_dim": 96})  # 6 KiB bf16 blocks
+    cache = KVCache(small, num_blocks=64, block_size=16, device="cpu", dtype=torch.bfloat16)
+    for t in cache.k + cache.v:
+        t.fill_(1.0)
+    assert cache.release_blocks([1]) == 4096 * 2 * small.num_layers  # bytes 6 KiB..12 KiB: one whole page
+    assert cache.release_blocks([3, 4]) == 8192 * 2 * small.num_layers  # 18 KiB..30 KiB: two whole pages
+    k = cache.k[0]
+    assert (k[0] == 1.0).all() and (k[2] == 1.0).all() and (k[5] == 1.0).all()
