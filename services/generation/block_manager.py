@@ -6,23 +6,26 @@ later sequence with the same prefix reuses it instead of recomputing it. Freed b
 hash while they sit in the free list (least recently freed reused first), so a prefix survives
 until its block is actually needed for something else.
 
-Which free block a new token gets, in order: a used-before block with nothing cached in it; then
-a never-used block; then the least recently freed cached block. With ``bound_resident`` (a CPU
-cache whose pages become resident memory only when first written, models/kv_cache.py),
-never-used blocks are taken only while the blocks ever used number fewer than twice the most that
-were ever in use at once (at least ``MIN_RESIDENT_BLOCKS``); past that a cached block is reused
-first. Without it, sustained traffic walks the free list through every block and the process
-keeps the whole cache resident (0.38 GB for the default 16k tokens) to retain prefixes nobody
-asked for again; with it, resident KV follows the load's working set and the prefix cache still
-keeps at least as many free blocks as the busiest moment used. When the engine goes idle, the
-free blocks that cache nothing become never-used again (``reclaim_uncached_free_blocks``) and the
-cache gives their pages back to the OS.
+Which free block a new token gets, in order: a used-before block with nothing cached in it; then a
+never-used block; then the least recently freed cached block. With ``bound_resident`` (a CPU cache
+whose pages become resident memory only when first written, models/kv_cache.py), never-used blocks
+are taken only while the blocks ever used number fewer than twice the most that were in use at once
+since the last ``reclaim_free_blocks`` (at least ``MIN_RESIDENT_BLOCKS``); past that a cached block
+is reused first. Without it, sustained traffic walks the free list through every block and the
+process keeps the whole cache resident (0.38 GB for the default 16k tokens) to retain prefixes
+nobody asked for again; with it, resident KV follows the load's working set and the prefix cache
+still keeps at least as many free blocks as the busiest moment used. When the engine goes idle (at
+most every 5 s, services/generation/heap.py ``IdleRelease``: ``reclaim_free_blocks``), the free
+blocks that cache nothing and the cached ones beyond that bound become never-used again and the
+cache gives their pages back to the OS; the busiest moment then counts from there, so resident KV
+also shrinks when the load does.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import islice
 
 from services.generation.sequence import Sequence
 
@@ -158,25 +161,37 @@ class BlockManager:
         if not keep_cache:
             seq.block_hashes = []
 
-    def reclaim_uncached_free_blocks(self) -> list[int]:
-        """Turn the free blocks that cache nothing back into never-used ones and return their ids,
-        so the caller can release their memory (their contents are garbage either way: a
-        sequence's partly filled last block, or blocks evicted as bad K/V). With bound_resident
-        they then no longer count as resident, and are handed out like never-used blocks."""
+    def reclaim_free_blocks(self) -> list[int]:
+        """When the engine goes idle: turn free blocks back into never-used ones and return their
+        ids, so the caller can release their memory. First every free block that caches nothing (a
+        sequence's partly filled last block, K/V evicted as bad: garbage either way); then, with
+        bound_resident, cached blocks least recently freed first, until the blocks ever used are
+        back within the bound (twice the busiest moment since the previous call, at least
+        MIN_RESIDENT_BLOCKS). That busiest moment then starts over from what is in use now, so
+        a burst's blocks are given back once a calmer period has gone by, and the bound follows
+        the load down as well as up."""
         ids = [b for b in self.free_block_ids if self.blocks[b].hash is None]
+        if self.bound_resident:
+            excess = self.num_ever_used_blocks - len(ids) - self._resident_limit()
+            cached = (b for b in self.free_block_ids if self.blocks[b].hash is not None)
+            ids += islice(cached, max(excess, 0))
         for block_id in ids:
+            self._evict(block_id)
             del self.free_block_ids[block_id]
         if ids:
             self.unused_block_ids = sorted([*self.unused_block_ids, *ids], reverse=True)  # pop() = lowest id
+        self.peak_used_blocks = self.num_used_blocks
         return ids
+
+    def _resident_limit(self) -> int:
+        return max(2 * self.peak_used_blocks, MIN_RESIDENT_BLOCKS)
 
     def _next_free_block(self) -> int:
         """The free block to give out next (the order in the module docstring)."""
         first = next(iter(self.free_block_ids), None)
         if first is not None and (self.blocks[first].hash is None or not self.unused_block_ids):
             return first
-        limit = max(2 * self.peak_used_blocks, MIN_RESIDENT_BLOCKS)
-        if first is not None and self.bound_resident and self.num_ever_used_blocks >= limit:
+        if first is not None and self.bound_resident and self.num_ever_used_blocks >= self._resident_limit():
             return first
         return self.unused_block_ids[-1]
 

@@ -174,10 +174,10 @@ class Engine:
         return out
 
     def _release_idle_memory(self) -> bool:
-        """Idle after work: the pages of free KV blocks that cache nothing (a sequence's partly
-        filled last block, which no prefix lookup can hit), then the C heap's free pages."""
+        """Idle after work: the pages of the free KV blocks the block manager reclaims (those that
+        cache nothing, and cached ones beyond twice the recent load's need), then the C heap's."""
         if self.block_manager.bound_resident:
-            blocks = self.block_manager.reclaim_uncached_free_blocks()
+            blocks = self.block_manager.reclaim_free_blocks()
             released = self.runner.release_blocks(blocks)
             log.debug("idle: released KV blocks", extra={"blocks": len(blocks), "bytes": released})
         return heap.release()

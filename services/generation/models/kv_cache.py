@@ -5,9 +5,9 @@ touch: the cache costs resident memory (RSS) only for the blocks that have been 
 (llama-server's RSS also grows with its load), instead of all of it from start-up (torch.zeros
 writes every page). The block manager (bound_resident) reuses written blocks before it writes new
 ones once it holds twice the busiest moment's blocks, so under sustained traffic RSS follows the
-load's working set, not the size of the cache; and when the engine goes idle, the free blocks that
-cache nothing give their pages back (release_blocks), so a burst's partly filled last blocks do not
-stay resident.
+load's working set, not the size of the cache; and when the engine goes idle, the free blocks the
+block manager reclaims (those that cache nothing, and cached ones beyond twice what the load since
+the last time needed) give their pages back (release_blocks), so resident KV shrinks with the load.
 """
 
 from __future__ import annotations

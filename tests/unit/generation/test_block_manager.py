@@ -167,12 +167,39 @@ def test_reclaiming_turns_free_uncached_blocks_into_never_used_ones():
     assert a.block_table == [0, 1, 2] and b.block_table == [3, 4]
     bm.free(a)
     assert bm.num_ever_used_blocks == 5
-    assert bm.reclaim_uncached_free_blocks() == [2]  # a's partly filled last block; b still runs
+    assert bm.reclaim_free_blocks() == [2]  # a's partly filled last block; b still runs
     assert bm.num_ever_used_blocks == 4 and bm.num_free_blocks == 14
-    assert bm.reclaim_uncached_free_blocks() == []
+    assert bm.reclaim_free_blocks() == []
     assert bm.allocate_cached_prefix(seq(list(range(10)) + [7], 2)) == 8  # the cached blocks stay
     bm.free(b)
-    assert bm.reclaim_uncached_free_blocks() == [4]
+    assert bm.reclaim_free_blocks() == [4]
     c = seq(range(200, 205), 3)
     compute(bm, c, 5)
     assert c.block_table == [2, 4]  # lowest ids first, like never-used blocks
+
+
+def test_going_idle_gives_back_cached_blocks_beyond_twice_the_calmer_loads_need():
+    bm = BlockManager(1024, 4, bound_resident=True)
+    tokens = iter(range(10**9))
+
+    def serve(concurrent, blocks_each):
+        seqs = [seq([next(tokens) for _ in range(blocks_each * 4)], i) for i in range(concurrent)]
+        for s in seqs:
+            compute(bm, s, len(s))
+        for s in seqs:
+            bm.free(s)
+        return seqs
+
+    serve(100, 2)  # a burst: 200 blocks in use at once
+    assert bm.reclaim_free_blocks() == []  # within twice its own busiest moment: all kept
+    assert bm.num_ever_used_blocks == 200 and bm.peak_used_blocks == 0
+    for _ in range(10):
+        last = serve(4, 6)  # a calmer load: 24 blocks in use at a time
+    assert bm.num_ever_used_blocks == 200  # it reused the burst's blocks instead of writing new ones
+    reclaimed = bm.reclaim_free_blocks()
+    assert len(reclaimed) == 200 - MIN_RESIDENT_BLOCKS and bm.num_ever_used_blocks == MIN_RESIDENT_BLOCKS
+    assert all(bm.blocks[b].hash is None for b in reclaimed) and bm.num_free_blocks == 1024
+    for s in last:  # the most recently freed prefixes are what stays cached
+        probe = seq([*s.token_ids, 1], 99)
+        assert bm.allocate_cached_prefix(probe) == 24
+        bm.free(probe)
