@@ -3,8 +3,8 @@
 xgrammar imports transformers at module level, only for three names: two tokenizer base classes
 (isinstance checks in TokenizerInfo.from_huggingface) and LogitsProcessor (the base of its
 HF-generate adapter). mstar uses neither: it builds TokenizerInfo from the GGUF's own vocabulary
-(compiler.py). Importing transformers for them cost the generation process 21 MB of RSS
-(transformers, tokenizers, huggingface_hub, PIL; measured after torch on the default model's box),
+(compiler.py). Importing transformers for them cost the generation process 16-21 MB of RSS
+(transformers, tokenizers, huggingface_hub, PIL; measured in the running service and after torch),
 and services never import transformers themselves (it is the tests' correctness oracle).
 
 So the first import puts a stand-in holding those three names under sys.modules["transformers"]
@@ -18,30 +18,33 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+import threading
 import types
 
 log = logging.getLogger(__name__)
+_importing = threading.Lock()  # one stand-in import at a time
 
 
 def xgrammar() -> types.ModuleType:
     """The xgrammar module (imported on first use; the compile thread warms it up at start)."""
-    module = sys.modules.get("xgrammar")
-    if module is not None:
-        return module
-    if "transformers" in sys.modules:  # already paid for: nothing to save
+    # import_module, not sys.modules.get: it waits for an import still running on another thread.
+    if "xgrammar" in sys.modules or "transformers" in sys.modules:  # transformers: already paid for
         return importlib.import_module("xgrammar")
-    sys.modules["transformers"] = _stand_in()
-    try:
-        return importlib.import_module("xgrammar")
-    except (ImportError, AttributeError) as e:
-        for name in [m for m in sys.modules if m == "xgrammar" or m.startswith("xgrammar.")]:
-            del sys.modules[name]
-        log.warning("xgrammar needs transformers at import; importing both", extra={"error": str(e)})
-        sys.modules.pop("transformers", None)
-        return importlib.import_module("xgrammar")
-    finally:
-        if getattr(sys.modules.get("transformers"), "__mstar_stand_in__", False):
-            del sys.modules["transformers"]
+    with _importing:
+        if "xgrammar" in sys.modules:
+            return importlib.import_module("xgrammar")
+        sys.modules["transformers"] = _stand_in()
+        try:
+            return importlib.import_module("xgrammar")
+        except (ImportError, AttributeError) as e:
+            for name in [m for m in sys.modules if m == "xgrammar" or m.startswith("xgrammar.")]:
+                del sys.modules[name]
+            log.warning("xgrammar needs transformers at import; importing both", extra={"error": str(e)})
+            sys.modules.pop("transformers", None)
+            return importlib.import_module("xgrammar")
+        finally:
+            if getattr(sys.modules.get("transformers"), "__mstar_stand_in__", False):
+                del sys.modules["transformers"]
 
 
 def _stand_in() -> types.ModuleType:

@@ -53,3 +53,19 @@ def test_when_the_stand_in_is_not_enough_xgrammar_is_imported_with_transformers(
               getattr(sys.modules["transformers"], "__mstar_stand_in__", False))
     """)
     assert out.splitlines() == ["True True False"]
+
+
+def test_threads_importing_at_once_all_get_the_whole_module():
+    out = _run("""
+        import sys, threading
+        from services.generation.grammar.xgr import xgrammar
+        got, start = [], threading.Barrier(4)
+        def load():
+            start.wait()
+            got.append(xgrammar().GrammarCompiler)  # a half-imported module lacks it
+        threads = [threading.Thread(target=load) for _ in range(4)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        print(len(got), len(set(got)), "transformers" in sys.modules)
+    """)
+    assert out.splitlines() == ["4 1 False"]
