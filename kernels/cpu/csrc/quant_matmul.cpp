@@ -166,57 +166,81 @@ inline __m256 load8(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128
 
 // u8 x s8 dot of 4-byte groups into int32 lanes. maddubs saturates int16 pairs: fine for codes < 128
 // (|15 * 127 * 2| < 2^15); 8-bit codes go through the signed form (|c - 128| <= 128, see below).
+// All 16 output rows of the group at once: each activation broadcast feeds two weight vectors.
+// The j loops are unrolled by pragma and each row's sums pinned to a register after every step
+// (the empty asm): left to itself, GCC reassociated a block's adds into a tree over all its
+// products and spilled them to the stack, and this tile ran 1.3x slower (bench/quant_matmul.py).
 template <int BITS, int MT, typename S>
 void run_tile(const Tile<S>& t) {
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
-  for (int half = 0; half < 2; ++half) {  // rows 0-7, then 8-15 of the group
-    __m256 acc[MT];
-    for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < t.nb; ++b) {
-      // 4-bit: the block's 8 maddubs results add up in int16 (per lane |sum| <= 8 * 2 * 15 * 127 =
-      // 30480 < 2^15) and widen once per block: half the multiply-port work of a madd per vector.
-      __m256i dot[MT], dot16[MT];
-      for (int r = 0; r < MT; ++r) dot[r] = dot16[r] = _mm256_setzero_si256();
-      for (int j = 0; j < 8; ++j) {
-        __m256i w;
-        if constexpr (BITS == 4) {
-          __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.codes + (b * 4 + (j & 3)) * 64 + half * 32));
-          w = j < 4 ? _mm256_and_si256(v, low4) : _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        } else {
-          w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.codes + (b * 8 + j) * 64 + half * 32));
-          w = _mm256_xor_si256(w, bias);  // c - 128 as int8
-        }
-        const __m256i wabs = BITS == 8 ? _mm256_sign_epi8(w, w) : w;
-        for (int r = 0; r < MT; ++r) {
-          const int32_t a4 = reinterpret_cast<const int32_t*>(t.q + r * t.K + b * kBlock)[j];
-          const __m256i a = _mm256_set1_epi32(a4);
-          if constexpr (BITS == 4) {
-            dot16[r] = _mm256_add_epi16(dot16[r], _mm256_maddubs_epi16(w, a));
-          } else {
-            const __m256i p = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(a, w));
-            dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(p, ones));
+  __m256 acc[MT][2];
+  for (int r = 0; r < MT; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < t.nb; ++b) {
+    __m256i dot[MT][2];
+    const int32_t* arow[MT];
+    for (int r = 0; r < MT; ++r) arow[r] = reinterpret_cast<const int32_t*>(t.q + r * t.K + b * kBlock);
+    if constexpr (BITS == 4) {
+      // The block's 8 maddubs results add up in int16 (per lane |sum| <= 8 * 2 * 15 * 127 = 30480 < 2^15)
+      // and widen once per block.
+      __m256i dot16[MT][2];
+      for (int r = 0; r < MT; ++r) dot16[r][0] = dot16[r][1] = _mm256_setzero_si256();
+      const uint8_t* p = t.codes + b * 4 * 64;
+      // Low nibbles (weights 0-15 of the block), then high nibbles (16-31): two weight vectors live at a
+      // time, so the 2 MT int16 sums stay in the 16 ymm registers.
+#pragma GCC unroll 2
+      for (int hi = 0; hi < 2; ++hi) {
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+          __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + j * 64));
+          __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + j * 64 + 32));
+          if (hi) w0 = _mm256_srli_epi16(w0, 4), w1 = _mm256_srli_epi16(w1, 4);
+          w0 = _mm256_and_si256(w0, low4);
+          w1 = _mm256_and_si256(w1, low4);
+          for (int r = 0; r < MT; ++r) {
+            const __m256i a = _mm256_set1_epi32(arow[r][j + 4 * hi]);
+            dot16[r][0] = _mm256_add_epi16(dot16[r][0], _mm256_maddubs_epi16(w0, a));
+            dot16[r][1] = _mm256_add_epi16(dot16[r][1], _mm256_maddubs_epi16(w1, a));
           }
+          for (int r = 0; r < MT; ++r) __asm__("" : "+x"(dot16[r][0]), "+x"(dot16[r][1]));
         }
       }
-      if constexpr (BITS == 4)
-        for (int r = 0; r < MT; ++r) dot[r] = _mm256_madd_epi16(dot16[r], ones);
-      const __m256 s = load8(t.scale + b * kRows + half * 8);
-      const __m256 o = load8(t.offset + b * kRows + half * 8);
+      for (int r = 0; r < MT; ++r)
+        for (int h = 0; h < 2; ++h) dot[r][h] = _mm256_madd_epi16(dot16[r][h], ones);
+    } else {
+      for (int r = 0; r < MT; ++r) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
+      const uint8_t* p = t.codes + b * 8 * 64;
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + j * 64)), bias);
+        const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + j * 64 + 32)), bias);
+        const __m256i a0 = _mm256_sign_epi8(w0, w0), a1 = _mm256_sign_epi8(w1, w1);  // |c - 128|
+        for (int r = 0; r < MT; ++r) {
+          const __m256i a = _mm256_set1_epi32(arow[r][j]);
+          dot[r][0] = _mm256_add_epi32(dot[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(a, w0)), ones));
+          dot[r][1] = _mm256_add_epi32(dot[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(a, w1)), ones));
+        }
+        for (int r = 0; r < MT; ++r) __asm__("" : "+x"(dot[r][0]), "+x"(dot[r][1]));
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 s = load8(t.scale + b * kRows + h * 8);
+      const __m256 o = load8(t.offset + b * kRows + h * 8);
       for (int r = 0; r < MT; ++r) {
         const int64_t ab = r * t.nb + b;
-        __m256i d = dot[r];
+        __m256i d = dot[r][h];
         if constexpr (BITS == 8) d = _mm256_add_epi32(d, _mm256_set1_epi32(128 * t.sum[ab]));  // undo the c - 128
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(s, _mm256_set1_ps(t.d[ab])), acc[r]);
-        acc[r] = _mm256_fmadd_ps(o, _mm256_set1_ps(t.ds[ab]), acc[r]);
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(s, _mm256_set1_ps(t.d[ab])), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(o, _mm256_set1_ps(t.ds[ab]), acc[r][h]);
       }
     }
-    for (int r = 0; r < MT; ++r) {
-      alignas(32) float v[8];
-      _mm256_store_ps(v, acc[r]);
-      for (int c = 0; c < 8 && half * 8 + c < t.ncols; ++c) t.out[r * t.ldo + half * 8 + c] = v[c];
-    }
+  }
+  for (int r = 0; r < MT; ++r) {
+    alignas(32) float v[16];
+    _mm256_store_ps(v, acc[r][0]);
+    _mm256_store_ps(v + 8, acc[r][1]);
+    for (int c = 0; c < t.ncols; ++c) t.out[r * t.ldo + c] = v[c];
   }
 }
 
