@@ -223,7 +223,7 @@ def render(r: dict, meta: dict) -> str:
         _row("client ITL, trace off (production path)", r["itl"]["untraced"]),
         _row("client ITL, trace on", r["itl"]["traced"]),
         _row("engine step in the stack: model run + sampling of a decode step", r["step_run"]),
-        _row("engine loop in the stack between two runs (report, commands, schedule)", r["between_runs"]),
+        _row("engine loop in the stack between two runs (commands, schedule; a step is reported at the next one's launch)", r["between_runs"]),
         _row("engine cadence in the stack: one token's step end to the next one's", r["engine_cadence"]),
     ]
     if alone:

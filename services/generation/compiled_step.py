@@ -213,6 +213,13 @@ class CompiledStep:
             # at 1 and 16 rows (docs/benchmarks-engine.md). With many threads, prefill's
             # elementwise work is big enough to split, so larger machines keep Inductor's default.
             torch._inductor.config.cpp.threads = 1
+        # The whole graph as one C++ call that releases the GIL (Inductor's Python wrapper holds it
+        # through every fused kernel): the serving event loop's per-token work, which the engine
+        # hands off right before the step (engine.py, runner.run's on_launch), then runs beside
+        # the step instead of stalling the engine's Python between steps. Measured through the
+        # stack at 1 stream (bench/hops.py, 4 interleaved pairs): ITL p50 -1.2 ms (~9 %); each
+        # change alone gained nothing (stop 23's notes; the hand-off alone lost ~1 ms).
+        torch._inductor.config.cpp_wrapper = True
         if usable_cpus() <= 4:
             # Inductor's pool of compile workers costs ~8 s to start on a 2-core box: more than the
             # parallel C++ compiles win there, and the warm (cached) restart needs no compiler at all.

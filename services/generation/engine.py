@@ -104,6 +104,7 @@ class Engine:
         self._loop_done: Future | None = None
         self._next_seq_id = 0
         self._is_stalled = False  # the last step found nothing it could schedule
+        self._held: StepOutput | None = None  # the last step's output, until the next step launches
         self._wall_offset = time.time() - time.monotonic()
         self.heap_release = heap.IdleRelease(release=self._release_idle_memory)
         self.grammars = GrammarRequests(runner, config.grammar, lambda *ready: self._commands.put(("grammar", *ready)))
@@ -150,8 +151,21 @@ class Engine:
     def _loop(self) -> None:
         while not self._stop.is_set():
             out = self.run_once(self.config.idle_wait_s)
+            self._report_held()  # no model ran since it was held (nothing scheduled, or a failure)
             if out:
-                self.on_step(out)
+                self._held = out
+                if not self._steps_next():
+                    self._report_held()
+        self._report_held()
+
+    def _report_held(self) -> None:
+        """Hand the held step output to on_step. While the engine goes straight on to the next
+        step, it is held until right before that step's model runs (runner.run's on_launch): the
+        compiled step releases the GIL, so the event loop's work for this output overlaps the step
+        instead of stalling the engine's Python in between (docs/design.md, "Threads and the GIL")."""
+        out, self._held = self._held, None
+        if out is not None:
+            self.on_step(out)
 
     def run_once(self, idle_wait_s: float = 0.0) -> StepOutput:
         """One loop iteration: apply queued commands, run a step if there is work. The loop thread
@@ -161,8 +175,7 @@ class Engine:
             # A step that could schedule nothing (every running request waits for its input or its
             # grammar, and max_num_seqs keeps the queued ones out) waits for a command like an idle
             # loop does, instead of spinning; the command that unblocks it also wakes it.
-            has_work = self._may_step() and self.scheduler.has_work() and not self._is_stalled
-            self._apply_commands(out, wait_s=0.0 if has_work else idle_wait_s)
+            self._apply_commands(out, wait_s=0.0 if self._steps_next() else idle_wait_s)
             if self._may_step() and self.scheduler.has_work():
                 self._is_stalled = not self._step(out)
             elif self.serving.state is State.FAILED and self.seqs:
@@ -291,7 +304,7 @@ class Engine:
                 t.preempted_s += now - t.preempted_at
                 t.preempted_at = None
         started_ns = time.time_ns() if hop_trace.ON else 0
-        result = self.runner.run(batch.seqs, batch.num_new_tokens, sampling, pooling)
+        result = self.runner.run(batch.seqs, batch.num_new_tokens, sampling, pooling, on_launch=self._report_held)
         done = time.monotonic()
         if hop_trace.ON:  # bench/hops.py: the step's run (model + sampling), start as extra
             hop_trace.mark("step", "", out.step, started_ns)
@@ -388,6 +401,9 @@ class Engine:
             self._remove(seq)
         out.failed.append(Failure(seq.key, error))
         self.stats.num_failed += 1
+
+    def _steps_next(self) -> bool:
+        return self._may_step() and self.scheduler.has_work() and not self._is_stalled
 
     def _may_step(self) -> bool:
         return self.serving.state is not State.FAILED

@@ -7,6 +7,7 @@ token tensor ops); decode rows and prefill chunks share one flat [T] batch.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -150,13 +151,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], num_new_tokens: list[int], sampling: list[bool],
-            pooling: list[bool] | None = None) -> SampleOutput:
+            pooling: list[bool] | None = None, on_launch: Callable[[], None] | None = None) -> SampleOutput:
         """Compute the scheduled tokens; sample one token for each seq with sampling[i] True, and
         return the embedding of each seq with pooling[i] True (an embedding request whose prompt
         ends in this step). Mean pooling adds every step's rows of an embedding request to its
-        running sum (seq.pooled), so chunked prefill pools exactly the rows a single pass would."""
+        running sum (seq.pooled), so chunked prefill pools exactly the rows a single pass would.
+        on_launch is called once the inputs are ready, right before the model runs."""
+        on_launch = on_launch or (lambda: None)
         if not any(seq.is_embedding for seq in seqs):  # the generation path: compiled when warm
             input_ids, meta = self.prepare(seqs, num_new_tokens, sampling)
+            on_launch()
             logits = self.forward(input_ids, meta)  # [S, V]
             sampled = [s for s, is_sampling in zip(seqs, sampling, strict=True) if is_sampling]
             return self.sampler(logits, sampled) if sampled else SampleOutput([], [], [])
@@ -165,6 +169,7 @@ class ModelRunner:
         rows = [n if seq.is_embedding and mean else int(is_sampling or is_pooling)
                 for seq, n, is_sampling, is_pooling in zip(seqs, num_new_tokens, sampling, pooling, strict=True)]
         input_ids, meta = self.prepare(seqs, num_new_tokens, rows)
+        on_launch()
         # Eager, also for the generation rows sharing this step: the compiled step returns logits,
         # and an embedding request needs final hidden states (every prompt row, for mean pooling).
         # Only steps that hold an embedding request's prompt chunk take this path; grammar masks

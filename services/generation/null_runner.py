@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Callable
 
 from services.generation.sampler import SampleOutput
 from services.generation.sequence import Sequence
@@ -26,7 +27,9 @@ class NullRunner:
         self.token_id = token_id
 
     def run(self, seqs: list[Sequence], num_new_tokens: list[int], sampling: list[bool],
-            pooling: list[bool] | None = None) -> SampleOutput:
+            pooling: list[bool] | None = None, on_launch: Callable[[], None] | None = None) -> SampleOutput:
+        if on_launch is not None:
+            on_launch()
         if self.step_time_s:
             time.sleep(self.step_time_s)
         n = sum(sampling)

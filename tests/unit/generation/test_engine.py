@@ -149,6 +149,41 @@ def test_loop_thread_reports_steps_through_the_callback(tiny_checkpoint):
     time.sleep(0)
 
 
+def test_a_step_is_reported_right_before_the_next_model_run_and_the_last_one_at_once(tiny_checkpoint):
+    # While more steps follow, step N's output is handed over from step N+1's on_launch (inputs
+    # prepared, model not yet run: the event loop's work overlaps the GIL-free step); the step
+    # after which the engine would wait is reported without waiting for another.
+    engine = make_engine(tiny_checkpoint)
+    events, done = [], threading.Event()
+    run = engine.runner.run
+
+    def recording_run(seqs, num_new_tokens, sampling, pooling=None, on_launch=None):
+        def launch():
+            events.append("launch")
+            on_launch()
+
+        result = run(seqs, num_new_tokens, sampling, pooling, on_launch=launch)
+        events.append("ran")
+        return result
+
+    def on_step(out):
+        events.append(("report", out.step))
+        if out.completed:
+            done.set()
+
+    engine.runner.run, engine.on_step = recording_run, on_step
+    engine.start()
+    try:
+        engine.add_request("a", [5, 6, 7], replace(GREEDY, max_tokens=4))
+        assert done.wait(10)
+    finally:
+        engine.stop()
+    assert events == ["launch", "ran",
+                      "launch", ("report", 0), "ran",
+                      "launch", ("report", 1), "ran",
+                      "launch", ("report", 2), "ran", ("report", 3)]
+
+
 def test_the_loop_runs_on_the_torch_thread_that_built_the_runner(tiny_checkpoint):
     # One thread runs torch in the service: model load, warm-up and every step (a second live
     # OpenMP pool throttles each parallel region, services/generation/torch_thread.py).
