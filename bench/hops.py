@@ -153,9 +153,9 @@ def engine_alone(requests: int = 3) -> dict:
     spans: list[tuple[int, int]] = []
     run = runner.run
 
-    def timed(*args):
+    def timed(*args, **kwargs):
         t = time.time_ns()
-        out = run(*args)
+        out = run(*args, **kwargs)
         spans.append((t, time.time_ns()))
         return out
 
@@ -259,11 +259,13 @@ def render(r: dict, meta: dict) -> str:
         lines.append(f"| {h['what']} | {h['from']} -> {h['to']} | {_f(h['p50_ms'])} | {_f(h['p99_ms'])} | {h['n']} |")
     lines += [
         "",
-        f"The thread handoff (first row) waited more than 0.5 ms for {_pct(r['handoff_over_0_5_ms'])} of the tokens: "
-        "the likely cause is the GIL: the generation process's event loop needs it, and the engine thread "
-        "holds it while it runs the Python between two steps and before the next step's first GIL-free "
-        "kernel (the delay is bimodal, about 0.1 ms or about 1 ms). It delays the token (latency), not the "
-        "next step, so at one stream it does not add to the ITL.",
+        f"The thread handoff (first row) took more than 0.5 ms for {_pct(r['handoff_over_0_5_ms'])} of the tokens. "
+        "Part of it is by design: while more steps follow, the engine hands a step's output over right "
+        "before the next step's model runs, once it has scheduled that step and prepared its inputs, so "
+        "that the event loop's work for the token overlaps the GIL-free compiled step instead of stalling "
+        "the engine in between (docs/design.md, \"Threads and the GIL\"). The rest is the event loop "
+        "waiting for the GIL or a core. It delays the token (latency), not the next step, so at one "
+        "stream it does not add to the ITL.",
         "",
         "The Envoy hop (`pp_write -> client_recv`) includes preprocess's grpc send, the loopback socket both "
         "ways (preprocess -> Envoy over HTTP/2, Envoy -> client over HTTP/1.1), Envoy's gRPC-JSON "
