@@ -2,8 +2,9 @@
 
 Callers on any thread use add_request / append / abort; those only enqueue a command, which the
 loop thread applies before its next step, so the scheduler and block manager are only ever touched
-by one thread. After each step that produced anything, ``on_step(StepOutput)`` is called on the
-loop thread (the servicer forwards it to asyncio with call_soon_threadsafe). Every request ends
+by one thread. Each step that produced anything is passed to ``on_step(StepOutput)`` on the loop
+thread, in step order: right before the next step's model runs when the engine steps on, else at
+once (the servicer forwards it to asyncio with call_soon_threadsafe). Every request ends
 with exactly one Completion (finished or cancelled) or Failure, except keys that were never known.
 
 The engine reads the process's one ServingState (services/common/serving.py): it admits requests
