@@ -218,7 +218,7 @@ class CompiledStep:
         # hands off right before the step (engine.py, runner.run's on_launch), then runs beside
         # the step instead of stalling the engine's Python between steps. Measured through the
         # stack at 1 stream (bench/hops.py, 4 interleaved pairs): ITL p50 -1.2 ms (~9 %); each
-        # change alone gained nothing (stop 23's notes; the hand-off alone lost ~1 ms).
+        # change alone gained nothing (stop 23's notes; the hand-off alone lost 1-3 ms).
         torch._inductor.config.cpp_wrapper = True
         if usable_cpus() <= 4:
             # Inductor's pool of compile workers costs ~8 s to start on a 2-core box: more than the
