@@ -8,7 +8,7 @@
 
 Backends differ in ``attention`` (RoPE + KV-cache write + paged attention of one layer): one
 fused C++ call on "cpu", the three separate ops elsewhere; and "cpu" draws all-greedy batches with
-a vectorised C++ argmax. The cheap elementwise ops (rms_norm, silu_and_mul) are the references on
+a vectorised C++ argmax (``greedy`` and ``sample``'s all-greedy case). The cheap elementwise ops (rms_norm, silu_and_mul) are the references on
 CPU; torch.compile fuses them into the decode step.
 Triton and the C++ library are imported/loaded only inside ``create`` when chosen, so importing
 this module costs torch only. The choice is logged once per ``create``. Shapes: T tokens in the
@@ -52,6 +52,7 @@ def _triton_impls() -> dict[str, Callable]:
         "store_kv": store_kv,
         "paged_attention": paged_attention,
         "sample": sample,
+        "greedy": reference.greedy_ref,  # one argmax: nothing for a kernel to win
     }
 
 
@@ -63,6 +64,7 @@ def _reference_impls() -> dict[str, Callable]:
         "store_kv": reference.store_kv_ref,
         "paged_attention": reference.paged_attention_ref,
         "sample": reference.sample_ref,
+        "greedy": reference.greedy_ref,
     }
 
 
@@ -76,7 +78,7 @@ def _cpu_impls() -> dict[str, Callable]:
             return cpu.argmax_rows(logits)
         return reference.sample_ref(logits, temperature, top_k, top_p, min_p, seeds, offsets)
 
-    return _reference_impls() | {"attention": cpu.attention, "sample": sample}
+    return _reference_impls() | {"attention": cpu.attention, "sample": sample, "greedy": cpu.greedy_rows}
 
 
 def _check_interpreter() -> None:
@@ -217,3 +219,8 @@ class KernelOps:
         offsets: torch.Tensor,  # [B] int64
     ) -> torch.Tensor:  # [B] int64
         return self._impl["sample"](logits, temperature, top_k, top_p, min_p, seeds, offsets)
+
+    def greedy(self, logits: torch.Tensor) -> torch.Tensor:  # [B, V] fp32 -> [B] int64
+        """Each row's argmax (first index on ties), or -1 for a row holding a NaN or an infinity:
+        the whole draw of an all-greedy batch, its finiteness check included."""
+        return self._impl["greedy"](logits)

@@ -8,9 +8,11 @@
         one layer's RoPE + KV-cache write + paged causal attention in one call.
     argmax_rows(logits [B, V] fp32) -> [B] int64
         the greedy draw (first index of the max, like torch.argmax, vectorised).
+    greedy_rows(logits [B, V] fp32) -> [B] int64
+        argmax_rows straight from the model: -1 for a row holding a NaN or an infinity.
 
 Their plain-torch oracles are kernels.reference.quant_matmul_ref and the reference
-rotary / store_kv / paged_attention ops; tests/kernels/test_cpu_ops.py holds them together.
+rotary / store_kv / paged_attention ops and greedy_ref; tests/kernels/test_cpu_ops.py holds them together.
 ``ensure_loaded()`` builds/loads the library (library.py) and registers the ops' fake tensor
 implementations so torch.compile can trace through them as opaque calls.
 """
@@ -22,8 +24,8 @@ import torch
 from kernels.cpu import library
 from kernels.cpu.packing import PackedWeight, pack, unpack_rows
 
-__all__ = ["PackedWeight", "argmax_rows", "attention", "ensure_loaded", "load_error", "pack", "quant_matmul",
-           "unpack_rows"]
+__all__ = ["PackedWeight", "argmax_rows", "attention", "ensure_loaded", "greedy_rows", "load_error", "pack",
+           "quant_matmul", "unpack_rows"]
 
 _fakes_registered = False
 
@@ -83,3 +85,7 @@ def attention(
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:  # [B, V] fp32 -> [B] int64
     return torch.ops.mstar_cpu.argmax_rows(logits)
+
+
+def greedy_rows(logits: torch.Tensor) -> torch.Tensor:  # [B, V] fp32 -> [B] int64, -1 = not finite
+    return torch.ops.mstar_cpu.greedy_rows(logits)

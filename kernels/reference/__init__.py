@@ -11,13 +11,14 @@ from kernels.reference.paged_attention import paged_attention_ref
 from kernels.reference.quant_matmul import quant_matmul_ref
 from kernels.reference.rms_norm import rms_norm_ref
 from kernels.reference.rotary import apply_rotary_ref, build_cos_sin_cache
-from kernels.reference.sampling import sample_ref
+from kernels.reference.sampling import greedy_ref, sample_ref
 from kernels.reference.swiglu import silu_and_mul_ref
 
 __all__ = [
     "apply_rotary_ref",
     "build_cos_sin_cache",
     "paged_attention_ref",
+    "greedy_ref",
     "quant_matmul_ref",
     "rms_norm_ref",
     "sample_ref",

@@ -60,6 +60,12 @@ def apply_sampling_filters(
     return out
 
 
+def greedy_ref(logits: torch.Tensor) -> torch.Tensor:  # [B, V] fp32 -> [B] int64
+    """The greedy draw from a model's logits: each row's argmax (first index on ties), or -1 for a
+    row holding a NaN or an infinity (a broken forward the engine fails alone)."""
+    return torch.where(torch.isfinite(logits).all(dim=-1), logits.argmax(dim=-1), -1)
+
+
 def draw_ref(
     logits: torch.Tensor,  # [B, V] fp32, filtered
     temperature: torch.Tensor,  # [B]

@@ -13,6 +13,8 @@ Per row (one per sequence that samples this step), in order:
   5. KernelOps.sample: temperature, top-k, top-p, min-p and a seeded Gumbel-max draw whose noise is
      a pure function of (seed, index of the output token, vocab index), so a seeded request gives
      the same tokens alone, in any batch, and after a preemption.
+A batch whose rows are all plain greedy (temperature 0, no grammar, logprobs or penalties) takes
+one op instead, KernelOps.greedy: the argmax and step 1's finiteness check in one pass.
 """
 
 from __future__ import annotations
@@ -51,6 +53,12 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleOutput:
         """logits [S, V] fp32, one row per sequence in seqs."""
+        if all(_plain_greedy(s) for s in seqs):
+            # Steps 1 and 5 in one op (steps 2-4 do nothing here): the general path's sum, isfinite,
+            # host copy and six parameter tensors cost 0.5 ms of a 1-row CPU step, run as they are
+            # right after the weights streamed through the caches (bench: 0.1 ms with warm caches).
+            drawn = self.ops.greedy(logits).tolist()  # -1: the row was not finite
+            return SampleOutput([max(t, 0) for t in drawn], [None] * len(seqs), [t >= 0 for t in drawn])
         # A row's sum is finite iff all its logits are (|logit| * V stays far below fp32's max):
         # one reduction instead of isfinite + all (0.7 ms at V = 49,152 on the 2-core box).
         finite = torch.isfinite(logits.sum(dim=-1))  # [S]
@@ -83,6 +91,12 @@ class Sampler:
         if log_probs is not None:
             logprobs = gather_logprobs(log_probs, tokens, [p.logprobs for p in params])
         return SampleOutput(token_ids, logprobs, is_finite)
+
+
+def _plain_greedy(seq: Sequence) -> bool:
+    """Greedy with nothing between the logits and the argmax: no grammar, logprobs or penalties."""
+    p = seq.params
+    return p.temperature == 0 and seq.grammar is None and p.logprobs is None and not p.has_penalties
 
 
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 
 from kernels import cpu
 from kernels.dispatch import KernelOps
-from kernels.reference import build_cos_sin_cache, quant_matmul_ref
+from kernels.reference import build_cos_sin_cache, greedy_ref, quant_matmul_ref
 
 pytestmark = pytest.mark.skipif(cpu.load_error() is not None, reason=f"kernels/cpu unavailable: {cpu.load_error()}")
 
@@ -159,6 +159,20 @@ def test_argmax_rows_is_torch_argmax_ties_included(vocab):
     if vocab > 3:
         logits[4, 2] = logits[4, 3] = logits[4].max() + 1  # a tie between two maxima
     assert cpu.argmax_rows(logits).tolist() == logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 16, 33, 49152 + 3])
+def test_greedy_rows_is_the_reference_and_flags_rows_that_are_not_finite(vocab):
+    logits = torch.randn(7, vocab)
+    logits[1] = 0.5  # an all-tie row: the first index
+    logits[2, vocab // 2] = float("nan")
+    logits[3, -1] = float("inf")  # in the tail past the last full vector
+    logits[4, 0] = float("-inf")
+    logits[5, -1] = logits[5].max() + 1
+    got = cpu.greedy_rows(logits).tolist()
+    assert got == greedy_ref(logits).tolist()
+    assert got[2] == got[3] == got[4] == -1 and got[1] == 0 and got[5] == vocab - 1
+    assert got[6] == int(logits[6].argmax())
 
 
 def test_greedy_draw_respects_a_grammar_mask():

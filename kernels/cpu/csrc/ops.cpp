@@ -12,6 +12,7 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& positions, const a
                      const at::Tensor& cu_seqlens_q, const at::Tensor& context_lens, int64_t num_heads,
                      int64_t num_kv_heads, double scale);
 at::Tensor argmax_rows(const at::Tensor& logits);
+at::Tensor greedy_rows(const at::Tensor& logits);
 }  // namespace mstar_cpu
 
 TORCH_LIBRARY(mstar_cpu, m) {
@@ -21,10 +22,12 @@ TORCH_LIBRARY(mstar_cpu, m) {
       "Tensor slot_mapping, Tensor block_tables, Tensor cu_seqlens_q, Tensor context_lens, int num_heads, "
       "int num_kv_heads, float scale) -> Tensor");
   m.def("argmax_rows(Tensor logits) -> Tensor");
+  m.def("greedy_rows(Tensor logits) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mstar_cpu, CPU, m) {
   m.impl("quant_matmul", &mstar_cpu::quant_matmul);
   m.impl("attention", &mstar_cpu::attention);
   m.impl("argmax_rows", &mstar_cpu::argmax_rows);
+  m.impl("greedy_rows", &mstar_cpu::greedy_rows);
 }

@@ -97,6 +97,25 @@ def test_non_finite_rows_are_reported_alone(sampler):
     assert out.token_ids[0] == int(logits[0].argmax()) and out.token_ids[2] == int(logits[2].argmax())
 
 
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_an_all_greedy_batch_draws_what_the_general_path_draws(backend, bad):
+    # All-greedy batches take one op (KernelOps.greedy) instead of the general path; one row asking
+    # for logprobs sends the same logits down the general path: tokens and finiteness must agree.
+    sampler = Sampler(KernelOps.create("cpu", backend=backend), torch.device("cpu"))
+    logits = torch.randn(4, 49152 + 5, generator=torch.Generator().manual_seed(2))
+    logits[1, 7] = bad  # a broken row: reported, placeholder token 0
+    logits[2, -1] = logits[2].max() + 1  # the max in the tail past the last full vector
+    logits[3, 100] = logits[3, 4000] = logits[3].max() + 1  # a tie: the first index
+    greedy = SamplingParams(temperature=0.0)
+    fast = sampler(logits.clone(), [seq(greedy, seq_id=i) for i in range(4)])
+    with_logprobs = [seq(SamplingParams(temperature=0.0, logprobs=1) if i == 0 else greedy, seq_id=i) for i in range(4)]
+    general = sampler(logits.clone(), with_logprobs)
+    assert fast.is_finite == general.is_finite == [True, False, True, True]
+    assert fast.token_ids == general.token_ids == [int(logits[0].argmax()), 0, logits.shape[1] - 1, 100]
+    assert fast.logprobs == [None] * 4
+
+
 @pytest.mark.parametrize(
     "field, value",
     [("temperature", -0.1), ("temperature", float("nan")), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1),
