@@ -164,6 +164,25 @@ constexpr int kMaxTileRows = 4;
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
+// At one activation row this tile streams each weight byte from DRAM once and does little with
+// it, and a layer's matrices are short streams (0.2-2 MB, split between threads) that the hardware
+// prefetcher ramps up on again at every call: the default model's 121 projections and head at one
+// row ran at 14 GB/s, against 21 GB/s for a plain 2-thread read. Asking for the block 1 KB ahead
+// (T0; prefetches never fault, so running past the weight's end is harmless) made that sequence
+// 5-12 % faster, bit for bit the same (interleaved A/B runs: medians 7.1 and 7.8 against 8.1 ms;
+// 6.6 against 7.2), and 16 rows no slower. 2 KB and 4 KB gained less; an NTA hint kept nothing
+// else in cache on this CPU (measured), so T0.
+constexpr int64_t kPrefetchBytes = 1024;
+
+template <int BITS, typename S>
+inline void prefetch_ahead(const Tile<S>& t, const uint8_t* block_codes, int64_t b) {
+  constexpr int64_t block_bytes = BITS == 4 ? 4 * 64 : 8 * 64, ahead = kPrefetchBytes / block_bytes;
+  for (int64_t k = 0; k < block_bytes; k += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(block_codes + kPrefetchBytes + k), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(t.scale + (b + ahead) * kRows), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(t.offset + (b + ahead) * kRows), _MM_HINT_T0);
+}
+
 // u8 x s8 dot of 4-byte groups into int32 lanes. maddubs saturates int16 pairs: fine for codes < 128
 // (|15 * 127 * 2| < 2^15); 8-bit codes go through the signed form (|c - 128| <= 128, see below).
 // All 16 output rows of the group at once: each activation broadcast feeds two weight vectors.
@@ -187,6 +206,7 @@ void run_tile(const Tile<S>& t) {
       __m256i dot16[MT][2];
       for (int r = 0; r < MT; ++r) dot16[r][0] = dot16[r][1] = _mm256_setzero_si256();
       const uint8_t* p = t.codes + b * 4 * 64;
+      prefetch_ahead<BITS>(t, p, b);
       // Low nibbles (weights 0-15 of the block), then high nibbles (16-31): two weight vectors live at a
       // time, so the 2 MT int16 sums stay in the 16 ymm registers.
 #pragma GCC unroll 2
@@ -211,6 +231,7 @@ void run_tile(const Tile<S>& t) {
     } else {
       for (int r = 0; r < MT; ++r) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
       const uint8_t* p = t.codes + b * 8 * 64;
+      prefetch_ahead<BITS>(t, p, b);
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
         const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + j * 64)), bias);
