@@ -11,8 +11,8 @@
     greedy_rows(logits [B, V] fp32) -> [B] int64
         argmax_rows straight from the model: -1 for a row holding a NaN or an infinity.
 
-Their plain-torch oracles are kernels.reference.quant_matmul_ref and the reference
-rotary / store_kv / paged_attention ops and greedy_ref; tests/kernels/test_cpu_ops.py holds them together.
+Their plain-torch oracles are kernels.reference.quant_matmul_ref, the reference rotary / store_kv /
+paged_attention ops and greedy_ref; tests/kernels/test_cpu_ops.py holds them together.
 ``ensure_loaded()`` builds/loads the library (library.py) and registers the ops' fake tensor
 implementations so torch.compile can trace through them as opaque calls.
 """

@@ -17,8 +17,8 @@ from kernels.reference.swiglu import silu_and_mul_ref
 __all__ = [
     "apply_rotary_ref",
     "build_cos_sin_cache",
-    "paged_attention_ref",
     "greedy_ref",
+    "paged_attention_ref",
     "quant_matmul_ref",
     "rms_norm_ref",
     "sample_ref",
