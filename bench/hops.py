@@ -261,11 +261,10 @@ def render(r: dict, meta: dict) -> str:
         "",
         f"The thread handoff (first row) took more than 0.5 ms for {_pct(r['handoff_over_0_5_ms'])} of the tokens. "
         "Part of it is by design: while more steps follow, the engine hands a step's output over right "
-        "before the next step's model runs, once it has scheduled that step and prepared its inputs, so "
-        "that the event loop's work for the token overlaps the GIL-free compiled step instead of stalling "
-        "the engine in between (docs/design.md, \"Threads and the GIL\"). The rest is the event loop "
-        "waiting for the GIL or a core. It delays the token (latency), not the next step, so at one "
-        "stream it does not add to the ITL.",
+        "before the next step's model runs, once it has scheduled that step and prepared its inputs "
+        "(docs/design.md, \"Threads and the GIL\"). The rest is the event loop waiting for the GIL or a "
+        "core. It delays the token (latency), not the next step, so at one stream it does not add to "
+        "the ITL.",
         "",
         "The Envoy hop (`pp_write -> client_recv`) includes preprocess's grpc send, the loopback socket both "
         "ways (preprocess -> Envoy over HTTP/2, Envoy -> client over HTTP/1.1), Envoy's gRPC-JSON "

@@ -214,11 +214,11 @@ class CompiledStep:
             # elementwise work is big enough to split, so larger machines keep Inductor's default.
             torch._inductor.config.cpp.threads = 1
         # The whole graph as one C++ call that releases the GIL (Inductor's Python wrapper holds it
-        # through every fused kernel): the serving event loop's per-token work, which the engine
-        # hands off right before the step (engine.py, runner.run's on_launch), then runs beside
-        # the step instead of stalling the engine's Python between steps. Measured through the
-        # stack at 1 stream (bench/hops.py, 4 interleaved pairs): ITL p50 -1.2 ms (~9 %); each
-        # change alone gained nothing (stop 23's notes; the hand-off alone lost 1-3 ms).
+        # through every fused kernel), so the serving event loop, which the engine wakes right
+        # before the step (engine.py, runner.run's on_launch), never stalls the graph's own
+        # Python. Measured through the stack at 1 stream (bench/hops.py, 4 interleaved pairs):
+        # ITL p50 -1.2 ms (~9 %); each change alone gained nothing (the hand-off alone lost 1-3
+        # ms). docs/design.md, "Threads and the GIL", says where the loop's work runs.
         torch._inductor.config.cpp_wrapper = True
         if usable_cpus() <= 4:
             # Inductor's pool of compile workers costs ~8 s to start on a 2-core box: more than the

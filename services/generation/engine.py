@@ -161,9 +161,10 @@ class Engine:
 
     def _report_held(self) -> None:
         """Hand the held step output to on_step. While the engine goes straight on to the next
-        step, it is held until right before that step's model runs (runner.run's on_launch): the
-        compiled step releases the GIL, so the event loop's work for this output overlaps the step
-        instead of stalling the engine's Python in between (docs/design.md, "Threads and the GIL")."""
+        step, it is held until right before that step's model runs (runner.run's on_launch), once
+        the step's inputs are prepared: the event loop woken here then works while the engine
+        waits at the door of the GIL-free compiled step, not in the middle of its Python
+        (docs/design.md, "Threads and the GIL", for what was measured)."""
         out, self._held = self._held, None
         if out is not None:
             self.on_step(out)
