@@ -45,7 +45,8 @@ VARIANTS = {
 }
 KERNEL_PARTS = {"rms_norm": "RMSNorm", "apply_rotary": "RoPE", "store_kv": "KV store", "paged_attention": "attention",
                 "attention": "attention (fused RoPE + KV store)", "silu_and_mul": "SiLU x up"}
-ORDER = ["layer matmuls", "LM head", "attention", "attention (fused RoPE + KV store)", "RoPE", "KV store", "RMSNorm",
+STACK_PART = "decoder stack (one C++ call: every layer's matmuls, attention, norms)"
+ORDER = [STACK_PART, "layer matmuls", "LM head", "attention", "attention (fused RoPE + KV store)", "RoPE", "KV store", "RMSNorm",
          "SiLU x up", "compiled graph: fused elementwise + wrapper", "compiled graph: entry (guards, dispatch)",
          "other model ops", "sampler", "engine Python"]
 
@@ -152,6 +153,8 @@ def _profiled_compiled_parts(engine: Engine, steps: int, vocab: int) -> tuple[di
             scale_shape = event.input_shapes[2] if len(event.input_shapes) > 2 else []
             head = bool(scale_shape) and scale_shape[0] * 16 >= vocab
             parts["LM head" if head else "layer matmuls"] += self_s
+        elif name == "mstar_cpu::decoder_stack":
+            parts[STACK_PART] += self_s
         elif name == "mstar_cpu::attention":
             parts["attention (fused RoPE + KV store)"] += self_s
         elif name.startswith("## Call CompiledFxGraph"):

@@ -6,6 +6,9 @@
     attention(qkv [T, (Hq + 2 Hk) D], positions, cos_sin, k_cache, v_cache, slot_mapping,
               block_tables, cu_seqlens_q, context_lens, num_heads, num_kv_heads, scale) -> [T, Hq D]
         one layer's RoPE + KV-cache write + paged causal attention in one call.
+    decoder_stack(h [T, H] fp32, ...) -> [S, H] fp32
+        every decoder layer of a model whose projections are all block codes, and the final norm at
+        the logits rows, in one call and one parallel region (services/generation/fused_step.py).
     argmax_rows(logits [B, V] fp32) -> [B] int64
         the greedy draw (first index of the max, like torch.argmax, vectorised).
     greedy_rows(logits [B, V] fp32) -> [B] int64
@@ -24,7 +27,7 @@ import torch
 from kernels.cpu import library
 from kernels.cpu.packing import PackedWeight, pack, unpack_rows
 
-__all__ = ["PackedWeight", "argmax_rows", "attention", "ensure_loaded", "greedy_rows", "load_error", "pack",
+__all__ = ["PackedWeight", "argmax_rows", "attention", "decoder_stack", "ensure_loaded", "greedy_rows", "load_error", "pack",
            "quant_matmul", "unpack_rows"]
 
 _fakes_registered = False
@@ -89,3 +92,17 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:  # [B, V] fp32 -> [B] int
 
 def greedy_rows(logits: torch.Tensor) -> torch.Tensor:  # [B, V] fp32 -> [B] int64, -1 = not finite
     return torch.ops.mstar_cpu.greedy_rows(logits)
+
+
+def decoder_stack(h: torch.Tensor, norms: list[torch.Tensor], weights: list[PackedWeight], k_caches: list[torch.Tensor],
+                  v_caches: list[torch.Tensor], positions: torch.Tensor, slot_mapping: torch.Tensor,
+                  block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor,
+                  logits_indices: torch.Tensor, cos_sin: torch.Tensor, num_heads: int, num_kv_heads: int,
+                  scale: float, eps: float) -> torch.Tensor:
+    """h [T, H] fp32 embeddings -> [S, H] fp32 final hidden states at logits_indices. norms: each
+    layer's input and post-attention norm weights, then the final norm; weights: each layer's qkv,
+    o, gate_up and down projections; the caches are written at slot_mapping."""
+    return torch.ops.mstar_cpu.decoder_stack(
+        h, norms, [w.codes for w in weights], [w.scale for w in weights], [w.offset for w in weights],
+        [w.bits for w in weights], [w.rows for w in weights], k_caches, v_caches, positions, slot_mapping,
+        block_tables, cu_seqlens_q, context_lens, logits_indices, cos_sin, num_heads, num_kv_heads, scale, eps)

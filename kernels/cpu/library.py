@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = sorted((Path(__file__).parent / "csrc").glob("*.cpp"))
+HEADERS = sorted((Path(__file__).parent / "csrc").glob("*.h"))  # part of the cache key, not compiled alone
 LIBRARY_NAME = "mstar_cpu"
 CACHE_ENV = "MSTAR_KERNEL_CACHE"
 _CXX_FLAGS = ["-O3", "-march=native", "-std=c++20", "-fPIC", "-fopenmp", "-DNDEBUG", "-w",
@@ -60,10 +62,10 @@ def _compiler() -> str:
 
 def _key(cxx: str) -> str:
     h = hashlib.sha256()
-    for path in SOURCES:
+    for path in SOURCES + HEADERS:
         h.update(path.name.encode() + path.read_bytes())
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    for part in (torch.__version__, version, " ".join(_CXX_FLAGS), _cpu_flags(), sys.platform):
+    for part in (torch.__version__, version, " ".join(_CXX_FLAGS + _python_flags()), _cpu_flags(), sys.platform):
         h.update(part.encode())
     return h.hexdigest()[:16]
 
@@ -72,10 +74,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "mstar" / "kernels")
 
 
+def _python_flags() -> list[str]:
+    """Python's headers, when installed: the long ops let the GIL go while they run (gil.h)."""
+    include = sysconfig.get_paths()["include"]
+    return [f"-I{include}", "-DMSTAR_RELEASE_GIL"] if (Path(include) / "Python.h").exists() else []
+
+
 def _build(cxx: str, target: Path) -> None:
     from torch.utils.cpp_extension import include_paths
 
-    includes = [f"-I{p}" for p in include_paths("cpu")]
+    includes = [f"-I{p}" for p in include_paths("cpu")] + _python_flags()
     torch_lib = Path(torch.__file__).parent / "lib"
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         objects = [Path(tmp) / f"{src.stem}.o" for src in SOURCES]

@@ -59,8 +59,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="CPU ops: cpu (compiled C++, kernels/cpu) or reference (plain torch, the oracle)")
     p.add_argument("--no-compile", dest="compile", action="store_false",
                    default=os.environ.get("MSTAR_COMPILE", "1") != "0",
-                   help="run every step eagerly (debugging; also MSTAR_COMPILE=0); default: compiled code "
-                        "built at warm-up (services/generation/compiled_step.py)")
+                   help="run every step eagerly, op by op (debugging; also MSTAR_COMPILE=0); default: a GGUF's "
+                        "codes on CPU as one C++ call per step (services/generation/fused_step.py), other "
+                        "models as compiled code built at warm-up (compiled_step.py)")
     p.add_argument("--embedding-pooling", default="mean", choices=["mean", "last"],
                    help="how embedding requests pool the final hidden states of their prompt (docs/design.md)")
     p.add_argument("--kv-blocks", type=int, default=1024)

@@ -12,7 +12,8 @@ Two implementations, one interface (``covers(input_ids, meta)``, ``warm_up()``, 
     sequence), so one capture serves every context length. A step larger than the largest bucket
     runs eager.
     Prefill and mixed steps run eager there (CUDA graphs need static shapes).
-  * CPU (``CompiledStep``): torch.compile (Inductor: C++/OpenMP) of the forward with every
+  * CPU (``CompiledStep``), for every model but a GGUF served as its codes (that one runs as one
+    C++ call per step instead: fused_step.py): torch.compile (Inductor: C++/OpenMP) of the forward with every
     dimension of the step's inputs unbacked-dynamic (tokens, sequences, logits rows, block-table
     width): ONE graph serves every step, decode, prefill and mixed, any batch and context (a
     dynamic but backed size would be specialised at 1: more graphs, more warm-up). No padding: on

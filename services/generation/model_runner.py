@@ -15,6 +15,7 @@ import torch
 from kernels import cpu
 from kernels.dispatch import KernelOps
 from services.generation.compiled_step import CompiledStep, CudaGraphDecode
+from services.generation.fused_step import FusedStep, fusable
 from services.generation.models.kv_cache import KVCache
 from services.generation.models.llama import StepMetadata, Transformer
 from services.generation.numerics import choose, resolve_device
@@ -79,12 +80,16 @@ class ModelRunner:
             self.kv_cache = KVCache(checkpoint.config, config.num_blocks, config.block_size, self.device,
                                     self.numerics.kv_cache_dtype)
         self.sampler = Sampler(self.ops, self.device)
-        self.compiled: CompiledStep | CudaGraphDecode | None = None
+        self.compiled: FusedStep | CompiledStep | CudaGraphDecode | None = None
         if self.numerics.compiled and self.device.type == "cuda":
             self.compiled = CudaGraphDecode(self.model, self.kv_cache, config.max_num_seqs, self.max_blocks)
+        elif self.numerics.compiled and fusable(self.model, self.kv_cache):
+            # A GGUF served as its codes: every layer in one C++ call, no graph to compile (fused_step.py).
+            self.compiled = FusedStep(self.model, self.kv_cache)
         elif self.numerics.compiled:
             self.compiled = CompiledStep(self.model, self.kv_cache)
-        log.info(self.numerics.describe(), extra={"threads": torch.get_num_threads()})
+        step = type(self.compiled).__name__ if self.compiled is not None else "eager"
+        log.info(self.numerics.describe(), extra={"threads": torch.get_num_threads(), "step": step})
 
     def warm_up(self) -> None:
         """Compile the step / capture the decode graphs (part of readiness: not SERVING yet)."""

@@ -11,6 +11,12 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& positions, const a
                      at::Tensor v_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                      const at::Tensor& cu_seqlens_q, const at::Tensor& context_lens, int64_t num_heads,
                      int64_t num_kv_heads, double scale);
+at::Tensor decoder_stack(const at::Tensor& h, at::TensorList norms, at::TensorList codes, at::TensorList scales,
+                         at::TensorList offsets, at::IntArrayRef bits, at::IntArrayRef rows, at::TensorList k_caches,
+                         at::TensorList v_caches, const at::Tensor& positions, const at::Tensor& slot_mapping,
+                         const at::Tensor& block_tables, const at::Tensor& cu_seqlens_q,
+                         const at::Tensor& context_lens, const at::Tensor& logits_indices, const at::Tensor& cos_sin,
+                         int64_t num_heads, int64_t num_kv_heads, double scale, double eps);
 at::Tensor argmax_rows(const at::Tensor& logits);
 at::Tensor greedy_rows(const at::Tensor& logits);
 }  // namespace mstar_cpu
@@ -21,6 +27,11 @@ TORCH_LIBRARY(mstar_cpu, m) {
       "attention(Tensor qkv, Tensor positions, Tensor cos_sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
       "Tensor slot_mapping, Tensor block_tables, Tensor cu_seqlens_q, Tensor context_lens, int num_heads, "
       "int num_kv_heads, float scale) -> Tensor");
+  m.def(
+      "decoder_stack(Tensor h, Tensor[] norms, Tensor[] codes, Tensor[] scales, Tensor[] offsets, int[] bits, "
+      "int[] rows, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, Tensor positions, Tensor slot_mapping, "
+      "Tensor block_tables, Tensor cu_seqlens_q, Tensor context_lens, Tensor logits_indices, Tensor cos_sin, "
+      "int num_heads, int num_kv_heads, float scale, float eps) -> Tensor");
   m.def("argmax_rows(Tensor logits) -> Tensor");
   m.def("greedy_rows(Tensor logits) -> Tensor");
 }
@@ -28,6 +39,7 @@ TORCH_LIBRARY(mstar_cpu, m) {
 TORCH_LIBRARY_IMPL(mstar_cpu, CPU, m) {
   m.impl("quant_matmul", &mstar_cpu::quant_matmul);
   m.impl("attention", &mstar_cpu::attention);
+  m.impl("decoder_stack", &mstar_cpu::decoder_stack);
   m.impl("argmax_rows", &mstar_cpu::argmax_rows);
   m.impl("greedy_rows", &mstar_cpu::greedy_rows);
 }

@@ -12,9 +12,11 @@ from services.generation.models.llama import StepMetadata
 from services.generation.sampling_params import SamplingParams
 
 
-def teacher_forced_logits(runner: ModelRunner, ids: list[int], chunk: int | None = None) -> torch.Tensor:
+def teacher_forced_logits(runner: ModelRunner, ids: list[int], chunk: int | None = None,
+                          served: bool = False) -> torch.Tensor:
     """Logits at every position of one sequence (cache blocks 0..n-1), prefilled in steps of `chunk`
-    tokens (all at once by default): small chunks keep a step's row count on the decode path."""
+    tokens (all at once by default): small chunks keep a step's row count on the decode path.
+    served: through runner.forward (the compiled or fused step, once warm), not the per-op model."""
     t, bs = len(ids), runner.block_size
     tables = torch.arange(-(-t // bs), dtype=torch.int32)[None]
     out = []
@@ -26,7 +28,8 @@ def teacher_forced_logits(runner: ModelRunner, ids: list[int], chunk: int | None
             context_lens=torch.tensor([end], dtype=torch.int32), logits_indices=torch.arange(end - start),
         )
         with torch.inference_mode():
-            out.append(runner.model.forward(torch.tensor(ids[start:end]), meta, runner.kv_cache).float())
+            step = runner.forward if served else (lambda i, m: runner.model.forward(i, m, runner.kv_cache))
+            out.append(step(torch.tensor(ids[start:end]), meta).float())
     return torch.cat(out)  # [T, V]
 
 

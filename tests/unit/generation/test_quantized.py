@@ -12,6 +12,7 @@ from gguf.quants import dequantize, quantize
 from test_dtype import PASSAGE, teacher_forced_logits
 
 from services.generation.engine import Engine, EngineConfig
+from services.generation.fused_step import FusedStep
 from services.generation.model_runner import ModelRunner, RunnerConfig
 from services.generation.models.linear import Dense, Quantized
 from services.generation.sampling_params import SamplingParams
@@ -108,9 +109,11 @@ def test_default_model_at_its_own_quantization_loses_under_one_percent_of_fp32_q
     target = torch.tensor(ids[1:])
     fp32 = teacher_forced_logits(runner(checkpoint, dtype="float32", quantization="none"), ids)[:-1]
     served = runner(checkpoint)
+    served.warm_up()
     assert isinstance(served.model.lm_head, Quantized) and served.model.lm_head.kind == "Q8_0"
+    assert isinstance(served.compiled, FusedStep)  # what `make run` serves: one C++ call a step
     for chunk in (None, 8):  # prefill-sized and decode-sized steps
-        got = teacher_forced_logits(served, ids, chunk)[:-1]
+        got = teacher_forced_logits(served, ids, chunk, served=True)[:-1]
         nll_fp32, nll = F.cross_entropy(fp32, target).item(), F.cross_entropy(got, target).item()
         assert abs(nll - nll_fp32) / nll_fp32 < 0.01, (nll_fp32, nll)
         assert (fp32.argmax(-1) == got.argmax(-1)).float().mean().item() >= 0.93
