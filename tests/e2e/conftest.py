@@ -8,6 +8,10 @@ session on free ports and torn down at the end. Reuse it from any e2e test:
 
 Set MSTAR_E2E_LOG_DIR to keep the three logs somewhere known (default: a temp dir, printed when
 startup fails, together with the tail of every log).
+
+Its generation service runs the step `make run` serves: the default GGUF through the fused decoder
+stack (services/generation/fused_step.py), which compiles nothing, so the suite-wide
+MSTAR_COMPILE=0 (tests/conftest.py: no Inductor graphs) is lifted for it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,15 @@ from services.stack.stack import Stack, StackConfig
 def stack():
     log_dir = Path(os.environ["MSTAR_E2E_LOG_DIR"]) if os.environ.get("MSTAR_E2E_LOG_DIR") else None
     running = Stack(StackConfig.with_free_ports(log_dir=log_dir, ready_timeout_s=600.0))
-    running.start()
+    suite_setting = os.environ.get("MSTAR_COMPILE")
+    os.environ["MSTAR_COMPILE"] = "1"  # inherited by the services it starts
+    try:
+        running.start()
+    finally:
+        if suite_setting is None:
+            os.environ.pop("MSTAR_COMPILE")
+        else:
+            os.environ["MSTAR_COMPILE"] = suite_setting
     try:
         yield running
     finally:
