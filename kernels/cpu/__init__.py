@@ -6,6 +6,9 @@
     attention(qkv [T, (Hq + 2 Hk) D], positions, cos_sin, k_cache, v_cache, slot_mapping,
               block_tables, cu_seqlens_q, context_lens, num_heads, num_kv_heads, scale) -> [T, Hq D]
         one layer's RoPE + KV-cache write + paged causal attention in one call.
+    dequantize_rows(w: PackedWeight, ids [T]) -> [T, K] fp32
+        rows of a packed weight, dequantized (a quantized embedding's lookups); oracle:
+        packing.unpack_rows (the same two roundings, bit for bit).
     decoder_stack(h [T, H] fp32, ...) -> [S, H] fp32
         every decoder layer of a model whose projections are all block codes, and the final norm at
         the logits rows, in one call and one parallel region (services/generation/fused_step.py).
@@ -27,7 +30,8 @@ import torch
 from kernels.cpu import library
 from kernels.cpu.packing import PackedWeight, pack, unpack_rows
 
-__all__ = ["PackedWeight", "argmax_rows", "attention", "decoder_stack", "ensure_loaded", "greedy_rows", "load_error", "pack",
+__all__ = ["PackedWeight", "argmax_rows", "attention", "decoder_stack", "dequantize_rows", "ensure_loaded", "greedy_rows",
+           "load_error", "pack",
            "quant_matmul", "unpack_rows"]
 
 _fakes_registered = False
@@ -48,6 +52,10 @@ def ensure_loaded() -> None:
     def _attention_fake(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables, cu_seqlens_q,
                         context_lens, num_heads, num_kv_heads, scale):
         return qkv.new_empty((qkv.shape[0], num_heads * k_cache.shape[-1]))
+
+    @torch.library.register_fake("mstar_cpu::dequantize_rows")
+    def _dequantize_rows_fake(codes, scale, offset, bits, n, k, ids):
+        return ids.new_empty((ids.shape[0], k), dtype=torch.float32)
 
     @torch.library.register_fake("mstar_cpu::argmax_rows")
     def _argmax_rows_fake(logits):
@@ -84,6 +92,10 @@ def attention(
 ) -> torch.Tensor:  # [T, Hq D] in qkv's dtype
     return torch.ops.mstar_cpu.attention(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables,
                                          cu_seqlens_q, context_lens, num_heads, num_kv_heads, scale)
+
+
+def dequantize_rows(w: PackedWeight, ids: torch.Tensor) -> torch.Tensor:  # [T] int64 -> [T, K] fp32
+    return torch.ops.mstar_cpu.dequantize_rows(w.codes, w.scale, w.offset, w.bits, w.rows, w.cols, ids)
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:  # [B, V] fp32 -> [B] int64

@@ -8,9 +8,10 @@ The embedding lookup and the LM head stay the model's own (models/llama.py), so 
 computed as the per-op path computes them. Any step (decode, prefill, mixed, any batch) runs the
 same code, so a sequence's tokens never depend on its batch-mates.
 
-Measured on the 2-core AVX2 box (default model, 40 interleaved pairs): the same step time as the
-Inductor graph at 1 and at 16 rows (paired ratios 1.01 and 1.00), but nothing to compile (a warm
-start's warm-up 0 s against 10 s, a cold one skips Inductor's ~100 s) and 65 MB less RSS.
+Measured on the 2-core AVX2 box (default model, interleaved pairs in one process): a step 1.12x
+as fast as the Inductor graph's at one row (7.9 against 8.9 ms) and 1.06x at 16 rows; nothing to
+compile (a warm start's warm-up 0 s against 10 s; a cold one skips Inductor's ~100 s); 65 MB
+less RSS.
 
 Same interface as compiled_step.CompiledStep: ``covers``, ``warm_up``, ``is_warm``, ``__call__``.
 """

@@ -77,7 +77,11 @@ def test_unpacked_rows_are_the_dequantized_rows(bits, half_scales):
     codes, scale, offset = _weight(37, 96, bits, half_scales)
     dense = (codes.view(37, 3, 32).float() * scale[..., None] + offset[..., None]).view(37, 96)
     ids = torch.tensor([0, 36, 15, 16, 15])
-    assert torch.equal(cpu.unpack_rows(cpu.pack(codes, scale, offset, bits), ids), dense[ids])
+    packed = cpu.pack(codes, scale, offset, bits)
+    assert torch.equal(cpu.unpack_rows(packed, ids), dense[ids])
+    assert torch.equal(cpu.dequantize_rows(packed, ids), dense[ids])  # the C++ lookup the engine uses
+    with pytest.raises(RuntimeError, match="id 37 is not a row of 37"):
+        cpu.dequantize_rows(packed, torch.tensor([37]))
 
 
 def test_bad_shapes_are_refused_with_the_reason():

@@ -10,15 +10,15 @@
 // The same math as the model's per-op path (models/llama.py: the reference RMSNorm and SiLU, the
 // quant_matmul and attention kernels, which this file calls), for any step: decode rows and prefill
 // chunks alike, so a sequence's tokens do not depend on its batch-mates (nor on the thread count).
-// Threads meet at barriers between phases: matmul output groups (16 rows) are handed out two at a
-// time as threads ask; attention is split by (sequence, KV head). Up to kRepeatedRowsUpTo rows,
+// Threads meet at barriers between phases: each takes a contiguous range of a matmul's output
+// groups (16 rows), and of attention's (sequence, KV head) items. Up to kRepeatedRowsUpTo rows,
 // every thread adds, normalises and quantizes all rows for itself (microseconds) instead of
 // waiting at a barrier while one thread does; beyond that each thread prepares its share of rows.
 //
-// Measured on a 2-core AVX2 box at one row (the default model, 2 threads, 40 interleaved pairs of
-// 60 steps): the same step time as the Inductor graph of the per-op model (paired ratio 0.99-1.01),
-// with its matmuls at ~20 GB/s and each thread waiting ~15 % of the step at barriers. What it
-// removes is the graph: no compile at start-up (warm start 4 s against 14 s) and 65 MB of RSS.
+// Measured on a 2-core AVX2 box (the default model, 2 threads, interleaved pairs in one process,
+// embedding + stack + head against the Inductor graph of the per-op model): 7.9 against 8.9 ms a
+// step at one row (paired ratio 1.12, 30 pairs), 35.7 against 37.9 ms at 16 rows (1.06). It also
+// removes the graph: no compile at start-up (warm start 4 s against 14 s) and 65 MB of RSS.
 #include "attention.h"
 #include "gil.h"
 #include "quant_matmul.h"
@@ -62,7 +62,6 @@ struct Layer {
 // At most this many rows, every thread normalises and quantizes all of them for itself (a few
 // microseconds of repeated work) instead of one thread doing it while the others wait at a barrier.
 constexpr int64_t kRepeatedRowsUpTo = 4;
-constexpr int kGroupsPerChunk = 2;
 
 // The rows a thread prepares for the matmuls: the residual stream, the normalised rows, SiLU x up,
 // and their quantized forms. Shared by the threads (each preparing its share), or one per thread.
@@ -136,11 +135,13 @@ void run_stack(const std::vector<Layer>& layers, const attn::Shapes& s, int64_t 
       qmm::quantize_rows(x, p0, p1, H, acts_h);
       ready();
     };
-    // Output groups handed out in small chunks as threads ask (an implied barrier at the end).
+    // Each thread takes one contiguous range of output groups: one long stream of codes, scales and
+    // offsets that the hardware prefetcher follows. Handing out 2 groups at a time as threads ask
+    // (omp dynamic) was 0.5-2.8 ms a step slower at one row: every chunk a new, short stream.
     auto matmul = [&](const qmm::Weight& w, const qmm::QuantizedActivations& a, float* dst) {
-      const int64_t groups = w.groups();
-#pragma omp for schedule(dynamic, kGroupsPerChunk)
-      for (int64_t g = 0; g < groups; ++g) qmm::run_group_range(w, T, a, dst, w.n, g, g + 1);
+      const auto [g0, g1] = share(w.groups(), tid, threads);
+      qmm::run_group_range(w, T, a, dst, w.n, g0, g1);
+#pragma omp barrier
     };
     for (size_t l = 0; l < layers.size(); ++l) {
       const Layer& L = layers[l];

@@ -17,6 +17,8 @@ at::Tensor decoder_stack(const at::Tensor& h, at::TensorList norms, at::TensorLi
                          const at::Tensor& block_tables, const at::Tensor& cu_seqlens_q,
                          const at::Tensor& context_lens, const at::Tensor& logits_indices, const at::Tensor& cos_sin,
                          int64_t num_heads, int64_t num_kv_heads, double scale, double eps);
+at::Tensor dequantize_rows(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& offset, int64_t bits,
+                           int64_t n, int64_t k, const at::Tensor& ids);
 at::Tensor argmax_rows(const at::Tensor& logits);
 at::Tensor greedy_rows(const at::Tensor& logits);
 }  // namespace mstar_cpu
@@ -32,6 +34,7 @@ TORCH_LIBRARY(mstar_cpu, m) {
       "int[] rows, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, Tensor positions, Tensor slot_mapping, "
       "Tensor block_tables, Tensor cu_seqlens_q, Tensor context_lens, Tensor logits_indices, Tensor cos_sin, "
       "int num_heads, int num_kv_heads, float scale, float eps) -> Tensor");
+  m.def("dequantize_rows(Tensor codes, Tensor scale, Tensor offset, int bits, int n, int k, Tensor ids) -> Tensor");
   m.def("argmax_rows(Tensor logits) -> Tensor");
   m.def("greedy_rows(Tensor logits) -> Tensor");
 }
@@ -40,6 +43,7 @@ TORCH_LIBRARY_IMPL(mstar_cpu, CPU, m) {
   m.impl("quant_matmul", &mstar_cpu::quant_matmul);
   m.impl("attention", &mstar_cpu::attention);
   m.impl("decoder_stack", &mstar_cpu::decoder_stack);
+  m.impl("dequantize_rows", &mstar_cpu::dequantize_rows);
   m.impl("argmax_rows", &mstar_cpu::argmax_rows);
   m.impl("greedy_rows", &mstar_cpu::greedy_rows);
 }

@@ -46,4 +46,44 @@ at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& codes, const at::
   return out;
 }
 
+at::Tensor dequantize_rows(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& offset, int64_t bits,
+                           int64_t n, int64_t k, const at::Tensor& ids) {
+  const qmm::Weight w = qmm::checked_weight(codes, scale, offset, bits, n, k, "dequantize_rows");
+  TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong, "dequantize_rows: ids must be int64 [T]");
+  const at::Tensor idc = ids.contiguous();
+  const int64_t T = idc.numel(), nb = k / qmm::kBlock, vectors = bits == 4 ? 4 : 8;
+  const int64_t* ip = idc.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t) TORCH_CHECK(ip[t] >= 0 && ip[t] < n, "dequantize_rows: id ", ip[t], " is not a row of ", n);
+  at::Tensor out = at::empty({T, k}, scale.options().dtype(at::kFloat));
+  float* op = out.data_ptr<float>();
+  auto value = [](float code, float s, float o) {  // s * code + o rounded twice, as packing.unpack_rows
+    float p = code * s;
+    __asm__("" : "+x"(p));  // keeps the compiler from fusing the two roundings into one FMA
+    return p + o;
+  };
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t g = ip[t] / qmm::kRows, r = ip[t] % qmm::kRows;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* block = w.codes + ((g * nb + b) * vectors) * 64 + r * 4;
+      const int64_t at = (g * nb + b) * qmm::kRows + r;
+      const float s = w.half ? static_cast<float>(static_cast<const c10::Half*>(w.scale)[at])
+                             : static_cast<const float*>(w.scale)[at];
+      const float o = w.half ? static_cast<float>(static_cast<const c10::Half*>(w.offset)[at])
+                             : static_cast<const float*>(w.offset)[at];
+      float* dst = op + t * k + b * qmm::kBlock;
+      for (int64_t j = 0; j < vectors; ++j)
+        for (int64_t i = 0; i < 4; ++i) {
+          const uint8_t c = block[j * 64 + i];
+          if (bits == 4) {
+            dst[4 * j + i] = value(static_cast<float>(c & 0x0F), s, o);
+            dst[16 + 4 * j + i] = value(static_cast<float>(c >> 4), s, o);
+          } else {
+            dst[4 * j + i] = value(static_cast<float>(c), s, o);
+          }
+        }
+    }
+  }
+  return out;
+}
+
 }  // namespace mstar_cpu

@@ -47,7 +47,7 @@ class Quantized(nn.Module):
         return cpu.quant_matmul(x, self.packed).to(x.dtype)
 
     def rows_of(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, K] fp32, dequantized
-        return cpu.unpack_rows(self.packed, ids)
+        return cpu.dequantize_rows(self.packed, ids)
 
 
 Projection = Dense | Quantized

@@ -95,6 +95,13 @@ def test_a_row_gets_the_same_bits_alone_in_a_batch_and_on_two_threads(gguf):
 def test_the_runner_fuses_only_a_ggufs_codes(gguf, tiny_checkpoint):
     assert isinstance(_runner(gguf).compiled, FusedStep)
     assert _runner(gguf, compile=False).compiled is None  # --no-compile: the per-op path
+    bf16 = ModelRunner(gguf, RunnerConfig(64, BLOCK, "cpu", num_threads=1, dtype="bfloat16"))
+    assert bf16.numerics.quantized and isinstance(bf16.compiled, CompiledStep)  # codes, bf16 activations: a graph
+    graph = CompiledStep(bf16.model, bf16.kv_cache, backend="aot_eager")  # traces the C++ embedding lookup too
+    graph.warm_up()
+    with torch.inference_mode():
+        ids, meta = _step([(A[0], 0, A[1])])
+        assert torch.equal(graph(ids, meta).argmax(-1), bf16.model.forward(ids, meta, bf16.kv_cache).argmax(-1))
     assert isinstance(ModelRunner(gguf, RunnerConfig(64, BLOCK, "cpu", num_threads=1, quantization="none",
                                                      kernels="cpu")).compiled, CompiledStep)
     assert isinstance(ModelRunner(tiny_checkpoint, RunnerConfig(64, BLOCK, "cpu", num_threads=1, kernels="cpu"))
