@@ -10,7 +10,8 @@ Backends differ in ``attention`` (RoPE + KV-cache write + paged attention of one
 fused C++ call on "cpu", the three separate ops elsewhere; and "cpu" draws all-greedy batches with
 a vectorised C++ argmax (``greedy``, and ``sample`` when every row is greedy). The cheap
 elementwise ops (rms_norm, silu_and_mul) are the references on CPU; torch.compile fuses them into
-the decode step.
+the compiled step, and a GGUF's codes skip them: kernels/cpu decoder_stack does them in C++
+(services/generation/fused_step.py).
 Triton and the C++ library are imported/loaded only inside ``create`` when chosen, so importing
 this module costs torch only. The choice is logged once per ``create``. Shapes: T tokens in the
 step, B sequences, Hq/Hk query/KV heads, D head dim, NB cache blocks of BS slots.
