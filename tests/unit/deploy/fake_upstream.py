@@ -66,7 +66,7 @@ class FakeRunner:
     def scope(self, client: str = ""):
         budget = SimpleNamespace(charge=lambda size, is_append: None)
         return SimpleNamespace(runner=self, run=script, close=lambda: None, close_after=lambda seconds: None,
-                               budget=budget)
+                               budget=budget, client=client)
 
     def check_model(self, model: str) -> None:
         pass

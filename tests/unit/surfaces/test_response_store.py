@@ -30,14 +30,14 @@ def test_round_trip_delete_and_restart(tmp_path):
     async def first(store):
         await store.put(record(1))
         await store.put(record(2, status="in_progress"))
-        got = await store.get("resp_1")
+        got = await store.get("resp_1", "")
         assert got.response == {"id": "resp_1", "status": "completed", "output": "x"}
         assert got.conversation == [("user", "hi"), ("assistant", "x")]
-        assert await store.delete("resp_1") and not await store.delete("resp_1")
-        assert await store.get("resp_1") is None
+        assert await store.delete("resp_1", "") and not await store.delete("resp_1", "")
+        assert await store.get("resp_1", "") is None
 
     async def after_restart(store):
-        interrupted = await store.get("resp_2")
+        interrupted = await store.get("resp_2", "")
         assert interrupted.status == "failed" and interrupted.response["status"] == "failed"
         assert interrupted.response["error"]["code"] == "server_error"
 
@@ -50,7 +50,7 @@ def test_oldest_rows_go_first_past_max_bytes(tmp_path):
         for i in range(20):
             await store.put(record(i, created_at=1000.0 + i, text="y" * 100))
         assert store.stored_bytes <= 2000
-        assert await store.get("resp_0") is None and await store.get("resp_19") is not None
+        assert await store.get("resp_0", "") is None and await store.get("resp_19", "") is not None
         replaced = store.stored_bytes
         await store.put(record(19, created_at=1019.0, text="y" * 100))  # same id again: no double count
         assert store.stored_bytes == replaced
@@ -61,7 +61,7 @@ def test_oldest_rows_go_first_past_max_bytes(tmp_path):
 def test_expired_rows_are_invisible_and_evicted(tmp_path):
     async def go(store):
         await store.put(record(1, created_at=1.0))
-        assert await store.get("resp_1") is None and store.stored_bytes == 0
+        assert await store.get("resp_1", "") is None and store.stored_bytes == 0
 
     asyncio.run(_with_store(tmp_path / "db.sqlite3", go, ttl_s=60.0))
 
@@ -70,14 +70,14 @@ def test_database_calls_run_off_the_loop_thread(tmp_path, monkeypatch):
     threads = set()
     original = ResponseStore._get
 
-    def spy(self, response_id):
+    def spy(self, *args):
         threads.add(threading.get_ident())
-        return original(self, response_id)
+        return original(self, *args)
 
     monkeypatch.setattr(ResponseStore, "_get", spy)
 
     async def go(store):
-        await store.get("resp_1")
+        await store.get("resp_1", "")
         return threading.get_ident()
 
     loop_thread = asyncio.run(_with_store(tmp_path / "db.sqlite3", go))

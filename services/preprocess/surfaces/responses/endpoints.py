@@ -14,6 +14,11 @@ nothing. A conversation continues from the stored one: its messages, then the ne
 
 Cancel: a response still running in this process is cancelled (its stream ends with status
 `cancelled`); one that already ended is returned as it is (cancelling is idempotent).
+
+Ownership: a response belongs to the principal of the call that created it (client.py
+`principal`: the API key's name, or the identity a fronting proxy set; else anonymous). Retrieve,
+delete, cancel and `previous_response_id` see only the caller's own responses: another's is the
+same 404 as an id that never existed, so ids cannot be probed.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from dataclasses import replace
 from services.common import errors
 from services.common.metrics import timing_headers
 from services.common.structured_output import StructuredOutput
+from services.preprocess import client
 from services.preprocess.chat_template import ChatMessage
 from services.preprocess.request import Accepted, Chunk, Complete, Failed, KeepAlive, RequestSpec
 from services.preprocess.runner import RunScope
@@ -45,14 +51,15 @@ _CANCEL_WAIT_S = 5.0
 class ResponsesApi:
     def __init__(self, store: ResponseStore) -> None:
         self.store = store
-        # Responses running in this process, by id: what cancel reaches and waits for.
-        self._live: dict[str, tuple[ResponseState, asyncio.Event]] = {}
+        # Responses running in this process, by id: what cancel reaches and waits for, and whose.
+        self._live: dict[str, tuple[ResponseState, asyncio.Event, str]] = {}
 
     # ---- POST /v1/responses
 
     async def create(self, req: HttpRequest, runs: RunScope) -> AsyncIterator[Frame]:
         body = parse(ResponsesBody, req)
-        history, called = await self._history(body.previous_response_id)
+        owner = client.principal(runs.client)
+        history, called = await self._history(body.previous_response_id, owner)
         conversation = history + _turns(body, called)
         messages = [("system", body.instructions)] if body.instructions else []
         tools = _tools(body)
@@ -84,10 +91,10 @@ class ResponsesApi:
                 parser=CallStream() if body.uses_tools else None,
             )
             ended = asyncio.Event()
-            self._live[state.id] = (state, ended)
+            self._live[state.id] = (state, ended, owner)
             try:
                 if body.store:
-                    await self._save(state, conversation)
+                    await self._save(state, conversation, owner)
                 out = ResponseStream(state)
                 if body.stream:
                     for frame in out.start():
@@ -106,7 +113,7 @@ class ResponsesApi:
                         else:
                             state.finish(event)
                         if body.store:
-                            await self._save(state, conversation)
+                            await self._save(state, conversation, owner)
                         if body.stream:
                             for frame in out.end():
                                 yield frame
@@ -121,13 +128,13 @@ class ResponsesApi:
                 if body.store and state.status == "in_progress":
                     # The client left (or the call was torn down): record it, without blocking.
                     state.status = "cancelled"
-                    asyncio.ensure_future(self._save(state, conversation))
+                    asyncio.ensure_future(self._save(state, conversation, owner))
 
-    async def _history(self, previous_id: str | None) -> tuple[list[tuple[str, str]], set[str]]:
-        """The stored conversation, and the call ids its last response made."""
+    async def _history(self, previous_id: str | None, owner: str) -> tuple[list[tuple[str, str]], set[str]]:
+        """The stored conversation `owner` continues, and the call ids its last response made."""
         if previous_id is None:
             return [], set()
-        stored = await self.store.get(previous_id)
+        stored = await self.store.get(previous_id, owner)
         if stored is None:
             err = errors.not_found("previous response not found (expired, deleted or stored with store: false)",
                                    reason="PREVIOUS_RESPONSE_NOT_FOUND")
@@ -139,9 +146,9 @@ class ResponsesApi:
                   if item.get("type") == "function_call"}
         return list(stored.conversation), called
 
-    async def _save(self, state: ResponseState, conversation: list[tuple[str, str]]) -> None:
+    async def _save(self, state: ResponseState, conversation: list[tuple[str, str]], owner: str) -> None:
         full = conversation + [("assistant", state.text)] if state.status != "in_progress" else conversation
-        await self.store.put(StoredResponse(state.id, state.created_at, state.status, state.object(), full))
+        await self.store.put(StoredResponse(state.id, state.created_at, state.status, state.object(), full, owner))
 
     # ---- GET / DELETE /v1/responses/{id}, POST .../cancel
 
@@ -151,26 +158,27 @@ class ResponsesApi:
             raise errors.invalid_argument("response_id", "required")
         return response_id
 
-    async def _stored(self, response_id: str) -> StoredResponse:
-        stored = await self.store.get(response_id)
+    async def _stored(self, response_id: str, owner: str) -> StoredResponse:
+        stored = await self.store.get(response_id, owner)
         if stored is None:
-            raise errors.not_found("response not found", reason="RESPONSE_NOT_FOUND")
+            raise _not_found()
         return stored
 
     async def retrieve(self, req: HttpRequest, runs: RunScope) -> AsyncIterator[Frame]:
-        yield json_frame((await self._stored(self._id(req))).response)
+        yield json_frame((await self._stored(self._id(req), client.principal(runs.client))).response)
 
     async def delete(self, req: HttpRequest, runs: RunScope) -> AsyncIterator[Frame]:
         response_id = self._id(req)
-        if not await self.store.delete(response_id):
-            raise errors.not_found("response not found", reason="RESPONSE_NOT_FOUND")
+        if not await self.store.delete(response_id, client.principal(runs.client)):
+            raise _not_found()
         yield json_frame({"id": response_id, "object": "response", "deleted": True})
 
     async def cancel(self, req: HttpRequest, runs: RunScope) -> AsyncIterator[Frame]:
         response_id = self._id(req)
+        owner = client.principal(runs.client)
         live = self._live.get(response_id)
-        if live is not None:
-            state, ended = live
+        if live is not None and live[2] == owner:  # another's running response: as absent as none
+            state, ended, _ = live
             runs.runner.cancel(response_id.removeprefix(PREFIX))
             try:
                 async with asyncio.timeout(_CANCEL_WAIT_S):
@@ -179,7 +187,12 @@ class ResponsesApi:
                 pass
             yield json_frame(state.object())
             return
-        yield json_frame((await self._stored(response_id)).response)
+        yield json_frame((await self._stored(response_id, owner)).response)
+
+
+def _not_found() -> errors.MstarError:
+    """The one answer for an id that is not the caller's: never stored, expired, deleted or another's."""
+    return errors.not_found("response not found", reason="RESPONSE_NOT_FOUND")
 
 
 def _turns(body: ResponsesBody, called: set[str]) -> list[tuple[str, str]]:

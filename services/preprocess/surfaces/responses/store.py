@@ -5,6 +5,13 @@ and the conversation it ends (the messages that led to it plus its own output), 
 `previous_response_id` continues. The file survives restarts of the preprocess service; rows still
 `in_progress` when it stopped are marked `failed` on the next start (their stream died with it).
 
+Every row belongs to the principal that stored it (`owner`: services/preprocess/client.py
+`principal`, "" for the anonymous one). Reads and deletes name the owner, and a row of another
+owner is exactly as absent as one that never existed: nobody can tell the two apart. Databases
+written before rows had owners gain the column on open, their rows owned by the anonymous
+principal: with API keys off they stay readable as before; with keys on no key reads them (whose
+they were is unknown), and they age out with the TTL.
+
 Bounds: a row older than `ttl_s` is gone; when the stored bytes exceed `max_bytes` the oldest rows
 go first. Every database call runs on one dedicated thread (sqlite3 connections are
 single-threaded), so the event loop never waits on disk.
@@ -27,7 +34,8 @@ CREATE TABLE IF NOT EXISTS responses (
     status TEXT NOT NULL,
     size INTEGER NOT NULL,
     response TEXT NOT NULL,      -- the response object (JSON)
-    conversation TEXT NOT NULL   -- [[role, content], ...] up to and including this response's output
+    conversation TEXT NOT NULL,  -- [[role, content], ...] up to and including this response's output
+    owner TEXT NOT NULL DEFAULT ''  -- the principal that stored it ('' = anonymous)
 );
 CREATE INDEX IF NOT EXISTS responses_by_age ON responses (created_at);
 """
@@ -40,6 +48,7 @@ class StoredResponse:
     status: str
     response: dict
     conversation: list[tuple[str, str]]
+    owner: str = ""  # the principal that stored it ("" = anonymous)
 
 
 class ResponseStore:
@@ -62,11 +71,13 @@ class ResponseStore:
     async def put(self, record: StoredResponse) -> None:
         await self._call(self._put, record)
 
-    async def get(self, response_id: str) -> StoredResponse | None:
-        return await self._call(self._get, response_id)
+    async def get(self, response_id: str, owner: str) -> StoredResponse | None:
+        """The row, if it exists, has not expired and belongs to `owner`; else None."""
+        return await self._call(self._get, response_id, owner)
 
-    async def delete(self, response_id: str) -> bool:
-        return await self._call(self._delete, response_id)
+    async def delete(self, response_id: str, owner: str) -> bool:
+        """Delete `owner`'s row; False when there is none (never stored, expired, or another's)."""
+        return await self._call(self._delete, response_id, owner)
 
     @property
     def stored_bytes(self) -> int:
@@ -90,6 +101,7 @@ class ResponseStore:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.executescript(_SCHEMA)
+        self._add_owner_column()
         self._interrupted()
         self._bytes = db.execute("SELECT COALESCE(SUM(size), 0) FROM responses").fetchone()[0]
         self._evict()
@@ -98,6 +110,19 @@ class ResponseStore:
         if self._db is not None:
             self._db.close()
             self._db = None
+
+    def _add_owner_column(self) -> None:
+        """A database from before owners: add the column (its rows become the anonymous
+        principal's). In a transaction, since every preprocess replica opens the same file."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            if "owner" not in {row[1] for row in db.execute("PRAGMA table_info(responses)")}:
+                db.execute("ALTER TABLE responses ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     def _interrupted(self) -> None:
         rows = self._db.execute("SELECT id, response FROM responses WHERE status = 'in_progress'").fetchall()
@@ -115,11 +140,13 @@ class ResponseStore:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            old = db.execute("SELECT size FROM responses WHERE id = ?", (r.id,)).fetchone()
+            old = db.execute("SELECT size, owner FROM responses WHERE id = ?", (r.id,)).fetchone()
+            if old is not None and old[1] != r.owner:  # ids are server-made: a clash is a bug, never a takeover
+                raise ValueError(f"response {r.id} belongs to another principal")
             db.execute(
-                "INSERT OR REPLACE INTO responses (id, created_at, status, size, response, conversation) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (r.id, r.created_at, r.status, size, response, conversation),
+                "INSERT OR REPLACE INTO responses (id, created_at, status, size, response, conversation, owner) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (r.id, r.created_at, r.status, size, response, conversation, r.owner),
             )
             db.execute("COMMIT")
         except BaseException:
@@ -128,18 +155,20 @@ class ResponseStore:
         self._bytes += size - (old[0] if old else 0)
         self._evict()
 
-    def _get(self, response_id: str) -> StoredResponse | None:
+    def _get(self, response_id: str, owner: str) -> StoredResponse | None:
         row = self._db.execute(
-            "SELECT id, created_at, status, response, conversation FROM responses WHERE id = ? AND created_at >= ?",
-            (response_id, time.time() - self.ttl_s),
+            "SELECT id, created_at, status, response, conversation, owner FROM responses "
+            "WHERE id = ? AND owner = ? AND created_at >= ?",
+            (response_id, owner, time.time() - self.ttl_s),
         ).fetchone()
         if row is None:
             return None
         conversation = [(role, content) for role, content in json.loads(row[4])]
-        return StoredResponse(row[0], row[1], row[2], json.loads(row[3]), conversation)
+        return StoredResponse(row[0], row[1], row[2], json.loads(row[3]), conversation, row[5])
 
-    def _delete(self, response_id: str) -> bool:
-        row = self._db.execute("DELETE FROM responses WHERE id = ? RETURNING size", (response_id,)).fetchone()
+    def _delete(self, response_id: str, owner: str) -> bool:
+        row = self._db.execute("DELETE FROM responses WHERE id = ? AND owner = ? RETURNING size",
+                               (response_id, owner)).fetchone()
         if row is None:
             return False
         self._bytes -= row[0]
