@@ -68,6 +68,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-batched-tokens", type=int, default=512)
+    p.add_argument("--long-prefill-token-threshold", type=int, default=None,
+                   help="prefill fairness: while shorter prompts wait, a long prefill's chunk is cut to no fewer "
+                        "than this many tokens and they get the rest of the step (services/generation/scheduler.py); "
+                        "default: half of --max-batched-tokens; 0: first come, first served")
     p.add_argument("--status-interval-ms", type=int, default=0, help="ConductorStatus period; 0 = off")
     p.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
     p.add_argument("--grace-s", type=float, default=10.0, help="drain period on SIGTERM")
@@ -149,7 +153,8 @@ async def serve(args) -> bool:
     runner = install_from_env(await torch_thread.call(build_runner, args))  # MSTAR_FAULTS: tests only
     numerics = getattr(runner, "numerics", None)
     servicer.numerics = numerics.as_metadata() if numerics else json.dumps({"kernels": "null engine"})
-    config = EngineConfig(args.kv_blocks, args.block_size, args.max_num_seqs, args.max_batched_tokens)
+    config = EngineConfig(args.kv_blocks, args.block_size, args.max_num_seqs, args.max_batched_tokens,
+                          long_prefill_token_threshold=args.long_prefill_token_threshold)
 
     metrics = GenerationMetrics()
     metrics.watch_serving(state)

@@ -71,6 +71,7 @@ class EngineConfig:
     block_size: int = 16
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
+    long_prefill_token_threshold: int | None = None  # prefill fairness (scheduler.py); None: half the budget
     idle_wait_s: float = 0.05  # how long an idle loop sleeps between checks for stop
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
 
@@ -92,7 +93,8 @@ class Engine:
         self.block_manager = BlockManager(config.num_blocks, config.block_size,
                                           bound_resident=bool(kv_cache and kv_cache.resident_on_write))
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.block_manager
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.long_prefill_token_threshold),
+            self.block_manager,
         )
         self.on_step = on_step
         self.serving = serving or ServingState("engine")

@@ -1,15 +1,27 @@
 """Continuous batching: which sequences compute how many tokens this step (no torch, no grpc).
 
-Each step has a token budget (max_num_batched_tokens). Running sequences go first, oldest first:
-decodes take one token each, an unfinished (chunked) prefill takes what is left of the budget.
-Then waiting sequences are admitted in arrival order while the budget, max_num_seqs and the free
-blocks allow. When a running sequence needs a block and none is free, the newest running sequence
+Each step has a token budget (max_num_batched_tokens). Running sequences go first, oldest first,
+then waiting sequences are admitted in arrival order while the budget, max_num_seqs and the free
+blocks allow. A decode takes one token. A prefill (a prompt, a chunk of a long one, a recompute,
+streamed input) takes what is left of the budget, minus what it leaves for the sequences behind
+it (running, or waiting with a seat free):
+- one token for each decode, so a long prefill never stalls a stream;
+- fairness: up to ``max_num_batched_tokens - long_prefill_token_threshold`` tokens for the
+  prefills behind it that have fewer tokens left than it has. A short chat that arrives while a
+  6k-token prompt prefills is admitted in the next step and gets its first token at once, instead
+  of waiting for the whole prompt; the long prefill still computes at least the threshold (less one
+  token a decode) every step, so any number of short arrivals cannot starve it; and it yields
+  only what the shorter ones can use, so the step stays full. Equal or longer prefills behind it
+  are not served before it (first come, first served among them: sharing would only delay both).
+  Threshold 0 turns this off (every prefill takes what is left: first come, first served).
+When a running sequence needs a block and none is free, the newest running sequence
 is preempted: its blocks go back (their prefix hashes stay, so the recompute often hits the cache)
 and it waits at the head of the queue to recompute its prompt + output later.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -21,6 +33,17 @@ from services.generation.sequence import Sequence, SequenceStatus
 class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
+    # The fewest tokens a prefill's chunk is cut to while shorter prefills wait behind it (the
+    # module's docstring); None: half the budget; 0: never cut (first come, first served).
+    long_prefill_token_threshold: int | None = None
+
+    @property
+    def fairness_share(self) -> int:
+        """Tokens of a step a prefill leaves, at most, for shorter prefills behind it."""
+        threshold = self.long_prefill_token_threshold
+        if threshold is None:
+            threshold = self.max_num_batched_tokens // 2
+        return self.max_num_batched_tokens - threshold if 0 < threshold < self.max_num_batched_tokens else 0
 
 
 @dataclass
@@ -42,11 +65,14 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
         if config.max_num_seqs < 1 or config.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got {config}")
+        if (config.long_prefill_token_threshold or 0) < 0:
+            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {config}")
         self.config = config
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0  # cumulative
+        self._fairness_share = config.fairness_share
 
     @property
     def num_unfinished(self) -> int:
@@ -77,7 +103,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_schedulable_tokens, budget)
+            n = self._chunk(seq, budget, running_behind=i + 1, waiting_from=0)
             if n == 0:
                 i += 1
                 continue
@@ -92,6 +118,25 @@ class Scheduler:
             return batch  # no admissions while memory is short: they would be preempted next step
         self._admit(batch, budget)
         return batch
+
+    def _chunk(self, seq: Sequence, budget: int, running_behind: int, waiting_from: int) -> int:
+        """How many tokens seq computes this step: what is left of the budget, less what a prefill
+        leaves for the sequences behind it (the module's docstring): the running ones from
+        running[running_behind], then the waiting ones from waiting[waiting_from], one per free seat."""
+        need = seq.num_schedulable_tokens
+        if need <= 1:
+            return min(need, budget)
+        seats = self.config.max_num_seqs - len(self.running) - waiting_from
+        waiting = (s for s in itertools.islice(self.waiting, waiting_from, None) if s.num_schedulable_tokens)
+        decodes = shorter = 0
+        for other in itertools.chain(itertools.islice(self.running, running_behind, None),
+                                     itertools.islice(waiting, max(seats, 0))):
+            behind = other.num_schedulable_tokens
+            if behind == 1:
+                decodes += 1
+            elif behind < need:
+                shorter += behind
+        return max(0, min(need, budget - decodes - min(shorter, self._fairness_share)))
 
     def _make_room(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
         """Preempt from the tail until seq's next n tokens fit. False if seq itself had to go."""
@@ -131,7 +176,7 @@ class Scheduler:
             num_cached = 0 if seq.is_embedding else self.block_manager.allocate_cached_prefix(seq)
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = num_cached
-            n = min(seq.num_schedulable_tokens, budget)
+            n = self._chunk(seq, budget, running_behind=len(self.running), waiting_from=1)
             if n and not self.block_manager.can_allocate(seq, n):
                 self.block_manager.free(seq)
                 seq.reset_for_recompute()

@@ -112,3 +112,130 @@ def test_requests_that_never_fit_are_rejected_at_admission(tiny_checkpoint, num_
     engine.add_request("big", list(range(3, 20)), SamplingParams(temperature=0.0, max_tokens=4))
     _, _, failed, _ = drive(engine)
     assert failed["big"].error.reason == "KV_CACHE_TOO_SMALL"
+
+
+# Fairness between prefills (scheduler.py's docstring): a short prompt that arrives while a long
+# one prefills starts in the next step; the long one keeps the threshold's worth of every step.
+
+
+def fair_scheduler(threshold=None, budget=64, max_num_seqs=16, num_blocks=256):
+    config = SchedulerConfig(max_num_seqs, budget, long_prefill_token_threshold=threshold)
+    return Scheduler(config, BlockManager(num_blocks, 4))
+
+
+def step(sched):
+    batch = sched.schedule()
+    run_batch(batch)
+    return dict(zip([s.seq_id for s in batch.seqs], batch.num_new_tokens, strict=True))
+
+
+def test_a_short_prompt_arriving_during_a_long_prefill_is_admitted_in_the_next_step():
+    sched = fair_scheduler()  # budget 64, threshold 32
+    long = seq(600, 0)
+    sched.add(long)
+    assert step(sched) == {0: 64}
+    short = seq(10, 1)
+    sched.add(short)
+    assert step(sched) == {0: 54, 1: 10}  # the step stays full; the short one samples its first token
+    assert short.num_output_tokens == 1 and long.num_computed_tokens == 118
+    assert step(sched) == {0: 63, 1: 1}  # now a decode: one token, the long prefill the rest
+
+
+def test_without_the_threshold_the_short_prompt_waits_for_the_whole_long_prefill():
+    sched = fair_scheduler(threshold=0)
+    long, short = seq(600, 0), seq(10, 1)
+    sched.add(long)
+    step(sched)
+    sched.add(short)
+    steps = 1
+    while not short.num_output_tokens:
+        got = step(sched)
+        steps += 1
+        if long.num_computed_tokens < 600:
+            assert got == {0: 64}
+    assert steps == 10  # 600 tokens in 64-token chunks, the short prompt in the last one's rest
+
+
+def test_a_long_prefill_yields_at_most_the_share_and_keeps_the_threshold():
+    sched = fair_scheduler(threshold=40)  # share 24
+    long = seq(600, 0)
+    sched.add(long)
+    step(sched)
+    for i in range(1, 4):
+        sched.add(seq(20, i))  # 60 tokens want in: 24 of them a step, in arrival order
+    assert step(sched) == {0: 40, 1: 20, 2: 4}
+    assert step(sched) == {0: 39, 1: 1, 2: 16, 3: 8}  # 1 decodes: its token is not taken from the share
+    assert step(sched) == {0: 50, 1: 1, 2: 1, 3: 12} and long.num_computed_tokens == 64 + 40 + 39 + 50
+
+
+def test_many_short_arrivals_cannot_starve_the_long_prefill():
+    sched = fair_scheduler(max_num_seqs=64, num_blocks=1024)  # budget 64, threshold 32
+    long = seq(640, 0)
+    sched.add(long)
+    steps, next_id = 0, 1
+    while not long.num_output_tokens:
+        for _ in range(3):  # 60 tokens of new prompts every step, more than the share
+            sched.add(seq(20, next_id))
+            next_id += 1
+        before = long.num_computed_tokens
+        batch = sched.schedule()
+        decodes = sum(1 for s, n in zip(batch.seqs, batch.num_new_tokens, strict=True) if n == 1)
+        run_batch(batch)
+        for s in list(sched.running):  # the short ones end after their first token
+            if s is not long and s.num_output_tokens:
+                sched.remove(s)
+        assert long.num_computed_tokens - before >= 32 - decodes > 0
+        steps += 1
+    assert steps <= 20  # 640 tokens at the threshold's 32 a step: at most 20 steps
+
+
+def test_decodes_behind_a_long_prefill_get_their_token_every_step():
+    sched = fair_scheduler(threshold=0)  # even without fairness
+    long = seq(5, 0, input_done=False)  # streamed input: 4 tokens now, the rest later
+    streams = [seq(2, i) for i in (1, 2, 3)]
+    for s in [long, *streams]:
+        sched.add(s)
+    assert step(sched) == {0: 4, 1: 2, 2: 2, 3: 2}
+    long.append_prompt(list(range(600)))
+    long.is_input_done = True  # a long prefill now runs ahead of three decodes
+    for _ in range(3):
+        assert step(sched) == {0: 61, 1: 1, 2: 1, 3: 1}
+
+
+def test_equal_or_longer_prefills_behind_are_served_first_come_first_served():
+    sched = fair_scheduler()
+    first, second = seq(300, 0), seq(300, 1)
+    sched.add(first)
+    sched.add(second)
+    for _ in range(4):
+        assert step(sched) == {0: 64}
+    assert sched.waiting[0] is second and second.num_computed_tokens == 0
+
+
+def test_a_long_and_a_short_arriving_together_start_in_the_same_step():
+    sched = fair_scheduler()
+    long, short = seq(600, 0), seq(10, 1)
+    sched.add(long)
+    sched.add(short)
+    assert step(sched) == {0: 54, 1: 10}
+    assert short.num_output_tokens == 1
+
+
+def test_no_free_seat_means_nothing_to_yield_to():
+    sched = fair_scheduler(max_num_seqs=1)
+    long, short = seq(600, 0), seq(10, 1)
+    sched.add(long)
+    step(sched)
+    sched.add(short)
+    assert step(sched) == {0: 64}
+    assert sched.waiting[0] is short
+
+
+@pytest.mark.parametrize(("threshold", "share"), [(None, 256), (384, 128), (0, 0), (512, 0), (4096, 0)])
+def test_fairness_share_follows_the_threshold(threshold, share):
+    assert SchedulerConfig(64, 512, threshold).fairness_share == share
+
+
+def test_a_negative_threshold_is_refused():
+    with pytest.raises(ValueError, match="long_prefill_token_threshold"):
+        Scheduler(SchedulerConfig(long_prefill_token_threshold=-1), BlockManager(8, 4))
