@@ -14,7 +14,9 @@ The admin interface always stays on 127.0.0.1: it can shut Envoy down and must n
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import string
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -48,6 +50,7 @@ class EnvoySettings:
     unary_timeout: str = "30s"
     health_check_interval: str = "1s"
     max_request_headers_kb: int = 64  # enforced per request (431) by request_hygiene.lua
+    max_request_headers_count: int = 100  # header fields, likewise (Envoy's own default count)
     # The codec's own limit, above the policy one: over HTTP/2 a header field past it is an HPACK
     # error that closes the client's whole connection (every stream on it), not just one request.
     codec_max_request_headers_kb: int = 128
@@ -55,10 +58,15 @@ class EnvoySettings:
     max_response_body_bytes: int = 64 * 1024 * 1024
     # Optional edge security, OFF by default (docs/reliability.md, R26/R27). api_keys: accepted as
     # "Authorization: Bearer KEY" or "x-api-key: KEY" (401 otherwise) and stripped before the
-    # upstream. rate_limit_rps: requests per second per Envoy (429 past it; streams in flight are
-    # never cut). /health is answered before both, so probes need no key.
+    # upstream, which learns only the key's name (api_key_client) in x-mstar-client: the principal
+    # that owns what the request stores. rate_limit_rps: requests per second per Envoy (429 past
+    # it; streams in flight are never cut). /health is answered before both, so probes need no key.
     api_keys: tuple[str, ...] = ()
     rate_limit_rps: int = 0
+    # With API keys off, a client-sent x-mstar-client is removed, unless this is set: a deployment
+    # whose own authenticating proxy sits in front of Envoy (and overwrites x-mstar-client with the
+    # user it authenticated) passes that identity through. With keys on, the key decides.
+    trust_client_identity: bool = False
     # Proxies in front of Envoy whose X-Forwarded-For entries are trusted (0: Envoy is the edge;
     # 1 behind a cloud load balancer that appends the client address). Decides the client address
     # preprocess shares admission by.
@@ -90,15 +98,26 @@ LOCAL_REPLY_GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 405: 12, 408: 4, 413:
                           500: 13, 501: 12, 502: 14, 503: 14, 504: 4}
 
 
-# Reasons for the local replies the routes make themselves (direct responses), instead of Envoy's
-# internal "direct_response" detail.
-LOCAL_REPLY_REASONS = {405: "METHOD_NOT_ALLOWED", 415: "UNSUPPORTED_MEDIA_TYPE"}
+# Reasons for the local replies whose Envoy detail says nothing to a client ("direct_response",
+# "lua_response", "early_grpc_json_transcode_failure{NOT_FOUND}", "http1.too_many_headers").
+# Every local 404 is an unknown route: the routes forward every known path.
+LOCAL_REPLY_REASONS = {404: "UNKNOWN_ROUTE", 405: "METHOD_NOT_ALLOWED", 415: "UNSUPPORTED_MEDIA_TYPE",
+                       431: "REQUEST_HEADERS_TOO_LARGE"}
+# Messages that replace Envoy's own: OpenAI's wording for an unknown path, with the method.
+LOCAL_REPLY_MESSAGES = {404: "Invalid URL (%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH):200%)"}
 
 
-def _error_body(code: int, reason: str = "%RESPONSE_CODE_DETAILS%") -> dict:
+def api_key_client(key: str) -> str:
+    """The name Envoy gives a key's requests in x-mstar-client: stable whatever the order or number
+    of keys (the principal owns stored responses, so a renumbered key list must not hand them to
+    another key), and it says nothing about the key (64 bits of its SHA-256)."""
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _error_body(code: int, reason: str = "%RESPONSE_CODE_DETAILS%", message: str = "%LOCAL_REPLY_BODY%") -> dict:
     return {"json_format": {
         "code": code,
-        "message": "%LOCAL_REPLY_BODY%",
+        "message": message,
         "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason, "domain": "envoy"}],
     }}
 
@@ -126,8 +145,9 @@ def local_reply_config() -> dict:
         {"filter": health, "body_format_override": {"json_format": {"status": "NOT_SERVING"}}},
     ]
     mappers += [{"filter": _status_is("EQ", status),
-                 "body_format_override": _error_body(code, *([LOCAL_REPLY_REASONS[status]] if status in
-                                                             LOCAL_REPLY_REASONS else []))}
+                 "body_format_override": _error_body(
+                     code, LOCAL_REPLY_REASONS.get(status, "%RESPONSE_CODE_DETAILS%"),
+                     LOCAL_REPLY_MESSAGES.get(status, "%LOCAL_REPLY_BODY%"))}
                 for status, code in LOCAL_REPLY_GRPC_CODES.items()]
     return {"mappers": mappers, "body_format": _error_body(2)}
 
@@ -138,7 +158,7 @@ def security_filters(settings: EnvoySettings) -> list[dict]:
     if settings.api_keys:
         filters.append({"name": "envoy.filters.http.api_key_auth", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.api_key_auth.v3.ApiKeyAuth",
-            "credentials": [{"key": key, "client": f"client-{i}"} for i, key in enumerate(settings.api_keys)],
+            "credentials": [{"key": key, "client": api_key_client(key)} for key in dict.fromkeys(settings.api_keys)],
             "key_sources": [{"header": "authorization"}, {"header": "x-api-key"}],
             # The key never reaches preprocess; the upstream learns only which client it was.
             "forwarding": {"header": "x-mstar-client", "hide_credentials": True},
@@ -216,6 +236,7 @@ def hygiene_lua(settings: EnvoySettings) -> str:
                              and charset[i + 1].isalnum()) else "%" + c
         for i, c in enumerate(charset))  # a Lua character class: escape all but letters, digits, ranges
     head = (f"local MAX_HEADER_BYTES = {settings.max_request_headers_kb * 1024}\n"
+            f"local MAX_HEADER_COUNT = {settings.max_request_headers_count}\n"
             f"local MAX_ID_CHARS = {declared.max_len}\n"
             f'local ID_PATTERN = "^[{lua_class}]+$"\n')
     return head + HYGIENE_LUA.read_text("utf-8")
@@ -234,14 +255,25 @@ def lua_source(shape: str) -> str:
     return source.replace('local SHAPE = "openai"', f'local SHAPE = "{shape}"')
 
 
+def codec_max_request_headers_count(settings: EnvoySettings) -> int:
+    """The codec's header count limit: as many fields as fit in its byte limit under RFC 7541
+    accounting (32 bytes a field at least), so that the codec never resets an HTTP/2 stream (no
+    response at all) for a count the policy answers with a 431 (request_hygiene.lua)."""
+    return max(settings.max_request_headers_count, settings.codec_max_request_headers_kb * 1024 // 32)
+
+
 def render(settings: EnvoySettings) -> str:
     if settings.codec_max_request_headers_kb < max(settings.max_request_headers_kb, 64):
         raise ValueError("codec_max_request_headers_kb must be >= max_request_headers_kb and >= 64")
     values = {k: str(v) for k, v in asdict(settings).items()}
+    values["codec_max_request_headers_count"] = str(codec_max_request_headers_count(settings))
     values["request_hygiene_lua"] = json.dumps(hygiene_lua(settings))
     values["lb_endpoints"] = json.dumps(lb_endpoints(settings))
     values["security_filters"] = "".join(f"\n          - {json.dumps(f)}" for f in security_filters(settings))
-    values["client_header_removal"] = "" if settings.api_keys else "\n              request_headers_to_remove: [x-mstar-client]"
+    # With keys on, api_key_auth overwrites x-mstar-client (removing it at the route would remove
+    # the filter's too: route header removal runs after the filters).
+    keep_client = settings.api_keys or settings.trust_client_identity
+    values["client_header_removal"] = "" if keep_client else "\n              request_headers_to_remove: [x-mstar-client]"
     values["overload_manager"] = json.dumps(overload_manager(settings))
     values["tracing"], values["otlp_cluster"] = tracing(settings)
     # JSON is valid YAML flow syntax, so generated blocks drop into the template as one line.
@@ -254,8 +286,14 @@ def render(settings: EnvoySettings) -> str:
 
 
 def write(settings: EnvoySettings, out: Path) -> Path:
+    """Write the config; with API keys in it, readable by its owner only (from its creation on)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(settings), encoding="utf-8")
+    text = render(settings)
+    mode = 0o600 if settings.api_keys else 0o644
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    os.fchmod(fd, mode)  # an existing file keeps its old mode through O_CREAT
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
     return out
 
 
@@ -271,6 +309,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="preprocess port (repeat for several replicas on --upstream-host)")
     parser.add_argument("--descriptor")
     parser.add_argument("--api-key", action="append", default=[], help="enable API-key auth (repeatable)")
+    parser.add_argument("--trust-client-identity", action="store_true",
+                        help="keys off: pass x-mstar-client from an authenticating proxy in front of Envoy")
     parser.add_argument("--rate-limit-rps", type=int, help="enable local rate limiting")
     parser.add_argument("--otlp", metavar="HOST:PORT", help="export Envoy's spans to this OTLP/gRPC collector")
     parser.add_argument("--xff-num-trusted-hops", type=int, help="proxies in front of Envoy (client address)")
@@ -287,6 +327,7 @@ def main(argv: list[str] | None = None) -> None:
         "upstream_ports": tuple(args.upstream_port) if args.upstream_port and len(args.upstream_port) > 1 else None,
         "descriptor_path": args.descriptor,
         "api_keys": tuple(args.api_key) or None, "rate_limit_rps": args.rate_limit_rps,
+        "trust_client_identity": args.trust_client_identity or None,
         "xff_num_trusted_hops": args.xff_num_trusted_hops,
     }
     if args.otlp:

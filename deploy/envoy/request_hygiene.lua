@@ -1,12 +1,16 @@
 -- Request hygiene at the edge: what one client sends must never reach the upstream connection
 -- that every client shares in a form that can hurt the others (issue 13, finding 12). Runs first
 -- in the filter chain, on every request, HTTP/JSON and gRPC alike. render.py prepends the
--- MAX_HEADER_BYTES line.
+-- MAX_HEADER_BYTES, MAX_HEADER_COUNT, MAX_ID_CHARS and ID_PATTERN lines.
 --
 -- - Request headers over MAX_HEADER_BYTES (RFC 7541 accounting: name + value + 32 per field):
 --   431 / RESOURCE_EXHAUSTED for that request only. The codec's own limit is set higher
 --   (codec_max_request_headers_kb), because over HTTP/2 a field past the codec limit is an HPACK
 --   error that closes the whole connection: every neighbour's stream on it died.
+-- - More than MAX_HEADER_COUNT header fields: the same 431 / RESOURCE_EXHAUSTED. The codec's own
+--   count limit is set higher (as many as fit in its byte limit): over HTTP/2 the codec resets a
+--   stream past it, and the client got no response at all (INTERNAL for gRPC). Pseudo-headers and
+--   the fields Envoy itself adds before this filter (FORWARDING) do not count.
 -- - grpc-timeout that is not 1-8 digits and a unit: 400 / INVALID_ARGUMENT. Forwarded as it was,
 --   it broke the upstream's header decoding and failed other clients' requests on the shared
 --   connection with INTERNAL "Error parsing 'grpc-timeout' metadata".
@@ -17,6 +21,9 @@
 --   services speak protobuf only (it was UNKNOWN).
 -- - gRPC without `te: trailers` (HTTP/2 requires it; a client that omits it got UNAVAILABLE from
 --   the upstream resetting the stream): added, since it carries no information.
+
+local FORWARDING = {["x-forwarded-for"] = true, ["x-forwarded-proto"] = true, ["x-request-id"] = true,
+                    ["x-envoy-external-address"] = true}
 
 local function reject(handle, is_grpc, http_status, grpc_status, message)
   if is_grpc then
@@ -36,13 +43,20 @@ function envoy_on_request(handle)
   local headers = handle:headers()
   local content_type = headers:get("content-type") or ""
   local is_grpc = string.sub(content_type, 1, 16) == "application/grpc"
-  local size = 0
+  local size, count = 0, 0
   for key, value in pairs(headers) do
     size = size + #key + #value + 32
+    if string.sub(key, 1, 1) ~= ":" and not FORWARDING[key] then
+      count = count + 1
+    end
   end
   if size > MAX_HEADER_BYTES then
     return reject(handle, is_grpc, "431", "8",
       "request headers are " .. size .. " bytes; the limit is " .. MAX_HEADER_BYTES)
+  end
+  if count > MAX_HEADER_COUNT then
+    return reject(handle, is_grpc, "431", "8",
+      "request has " .. count .. " header fields; the limit is " .. MAX_HEADER_COUNT)
   end
   local timeout = headers:get("grpc-timeout")
   if timeout ~= nil and not valid_grpc_timeout(timeout) then

@@ -8,18 +8,22 @@ max_tokens of requests that give none (default: whatever fits in the context); M
 (HOST:PORT) exports OpenTelemetry spans of all three to that collector (default: none).
 Replicas: --generation-replicas / --preprocess-replicas, else MSTAR_GENERATION_REPLICAS /
 MSTAR_PREPROCESS_REPLICAS, else 1; replica i of a service listens on its base port + 2·i (its
-metrics port too).
+metrics port too). API keys: MSTAR_API_KEYS (comma-separated) and/or --api-keys-file, else
+MSTAR_API_KEYS_FILE (one key per line, `#` comments): Envoy then answers 401 without one of them
+(Authorization: Bearer KEY or x-api-key: KEY), except GET /health; default: no keys, open.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
 from pathlib import Path
 
 from services.common.data_dir import default_data_dir
+from services.stack import api_keys
 from services.stack.readiness import NotReady
 from services.stack.stack import Stack, StackConfig
 from services.stack.supervisor import Supervisor
@@ -52,6 +56,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data-dir", type=Path, default=None,
                    help="preprocess state, e.g. stored /v1/responses (env MSTAR_DATA_DIR; default "
                         "~/.local/share/mstar)")
+    p.add_argument("--api-keys-file", type=Path,
+                   help="require one of these API keys: one a line, # comments (env MSTAR_API_KEYS_FILE; "
+                        "MSTAR_API_KEYS adds comma-separated ones); default: no keys")
     p.add_argument("--ready-timeout", type=float, default=600.0)
     return p.parse_args(argv)
 
@@ -60,6 +67,11 @@ def banner(stack: Stack) -> str:
     t = stack.timings_s
     url = stack.http_url
     metrics_lines = "\n                     ".join(f"{url}  ({name})" for name, url in stack.metrics_urls.items())
+    keys = len(stack.config.api_keys)
+    health_note = "   (no key needed)" if keys else ""
+    keys_line = (f"{keys} (Authorization: Bearer KEY or x-api-key: KEY)" if keys
+                 else "off (MSTAR_API_KEYS or --api-keys-file turns them on)")
+    auth = " -H 'Authorization: Bearer KEY'" if keys else ""
     return f"""
 mstar is ready in {t['ready']:.1f} s (generation {t['generation']:.1f} s, preprocess {t['preprocess']:.1f} s,
 first request through Envoy {t['first_request'] - t['envoy_upstream']:.2f} s)
@@ -67,14 +79,15 @@ first request through Envoy {t['first_request'] - t['envoy_upstream']:.2f} s)
   HTTP/JSON + gRPC   {url}   (grpcurl -plaintext {stack.grpc_target} list)
   OpenAI base_url    {url}/v1   (chat/completions, completions, responses, models)
   Anthropic base_url {url}   (messages)
-  health             {url}/health
+  health             {url}/health{health_note}
+  API keys           {keys_line}
   Envoy admin        {stack.admin_url}   (127.0.0.1 only)
   preprocess gRPC    {", ".join(stack.preprocess_targets)}
   generation gRPC    {", ".join(stack.generation_targets)}
   metrics            {metrics_lines}
   logs               {stack.log_dir}
 
-  curl -N {url}/v1/chat/completions -H 'Content-Type: application/json' \\
+  curl -N {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\
     -d '{{"model": "default", "stream": true, "max_tokens": 32,
          "messages": [{{"role": "user", "content": "Say hello in French."}}]}}'
 
@@ -84,6 +97,11 @@ A service that exits is restarted (printed here). Ctrl-C stops them all.
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        keys = api_keys.configured(os.environ, args.api_keys_file)
+    except api_keys.BadApiKeys as exc:
+        print(f"mstar: {exc}", file=sys.stderr, flush=True)
+        return 2
     config = StackConfig.from_env(
         model=args.model, http_port=args.http_port, admin_port=args.admin_port,
         preprocess_port=args.preprocess_port, generation_port=args.generation_port,
@@ -92,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         generation_replicas=args.generation_replicas, preprocess_replicas=args.preprocess_replicas,
         log_dir=args.log_dir, data_dir=args.data_dir or default_data_dir(), ready_timeout_s=args.ready_timeout,
         null_engine=args.null_engine or None,
-        dtype=args.dtype, quantization=args.quantization)
+        dtype=args.dtype, quantization=args.quantization, api_keys=keys or None)
 
     def on_signal(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM stops the stack exactly like Ctrl-C

@@ -21,6 +21,10 @@ import subprocess
 import time
 from pathlib import Path
 
+# Environment a child never inherits: the API keys belong to Envoy's rendered config alone
+# (services/stack/api_keys.py); preprocess and generation have no use for them.
+SECRET_ENV = ("MSTAR_API_KEYS",)
+
 
 def _with_death_signal(argv: list[str]) -> list[str]:
     setpriv = shutil.which("setpriv")
@@ -34,7 +38,7 @@ class Child:
         self.argv = argv
         self.log_path = log_path
         # The environment as it was at the first start: a restart (Supervisor) runs the same program.
-        self.env = {**os.environ, **(env or {})}
+        self.env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in SECRET_ENV}
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the child; a restart appends
         self.proc = subprocess.Popen(

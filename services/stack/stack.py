@@ -35,7 +35,7 @@ from pathlib import Path
 
 from deploy.envoy.render import VARIANTS, EnvoySettings
 from services.generation.threads import default_threads
-from services.stack import readiness
+from services.stack import api_keys, readiness
 from services.stack.envoy import start_envoy
 from services.stack.ports import free_ports_with_stride
 from services.stack.process import Child
@@ -76,6 +76,8 @@ class StackConfig:
     # Where preprocess keeps state (the stored /v1/responses); None = the log directory.
     data_dir: Path | None = None
     ready_timeout_s: float = 600.0
+    # API keys Envoy requires (MSTAR_API_KEYS, MSTAR_API_KEYS_FILE / --api-keys-file); () = open.
+    api_keys: tuple[str, ...] = ()
     generation_args: list[str] = field(default_factory=list)
     preprocess_args: list[str] = field(default_factory=list)
     envoy_overrides: dict[str, object] = field(default_factory=dict)
@@ -98,6 +100,8 @@ class StackConfig:
         for name, var in REPLICAS.items():
             if os.environ.get(var):
                 values[name] = int(os.environ[var])
+        if keys := api_keys.configured(os.environ):
+            values["api_keys"] = keys
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
 
@@ -178,10 +182,11 @@ class Stack:
         if self.config.otlp_endpoint:
             host, _, port = self.config.otlp_endpoint.removeprefix("http://").rpartition(":")
             tracing = {"otlp_host": host, "otlp_port": int(port)}
+        keys = {"api_keys": tuple(self.config.api_keys)} if self.config.api_keys else {}
         return replace(VARIANTS["local"], http_port=self.config.http_port, admin_port=self.config.admin_port,
                        upstream_host=self.config.host, upstream_port=self.config.preprocess_port,
                        upstream_ports=tuple(self.config.preprocess_ports()),
-                       **{**tracing, **self.config.envoy_overrides, **overrides})
+                       **{**tracing, **keys, **self.config.envoy_overrides, **overrides})
 
     # ---- lifecycle
     def start(self) -> Stack:

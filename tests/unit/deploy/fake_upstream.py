@@ -62,11 +62,12 @@ class FakeRunner:
             name=name, context_length=8192, input_modalities=frozenset({"text"}),
             tokenizer=SimpleNamespace(decode=lambda ids: "x" * len(ids), token_bytes=lambda t: b"x", vocab_size=100))
         self.numerics: dict = {}  # no generation backend behind it (RequestRunner.numerics)
+        self.deps = SimpleNamespace(keepalive_s=2.0)  # what the surfaces read of RequestRunner.deps
 
     def scope(self, client: str = ""):
         budget = SimpleNamespace(charge=lambda size, is_append: None)
         return SimpleNamespace(runner=self, run=script, close=lambda: None, close_after=lambda seconds: None,
-                               budget=budget, client=client)
+                               budget=budget, client=client, warnings=[])
 
     def check_model(self, model: str) -> None:
         pass

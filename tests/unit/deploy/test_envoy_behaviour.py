@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from envoy_harness import anthropic_error, in_front_of_fake, openai_error, start
 from mstar.v1 import inference_service_pb2 as ipb
 from mstar.v1 import inference_service_pb2_grpc as ipb_grpc
 
@@ -18,50 +19,17 @@ from deploy.envoy.render import VARIANTS
 from services.stack import readiness
 from services.stack.envoy import start_envoy
 from services.stack.ports import free_port
-from services.stack.process import Child
-
-HERE = Path(__file__).resolve().parent
-
-
-def _envoy(tmp: Path, upstream_port: int, wait_healthy: bool):
-    settings = dataclasses.replace(VARIANTS["local"], http_port=free_port(), admin_port=free_port(),
-                                   upstream_port=upstream_port)
-    child = start_envoy(settings, tmp)
-    base = f"http://127.0.0.1:{settings.http_port}"
-    readiness.poll("envoy", readiness.http_ok(f"http://127.0.0.1:{settings.admin_port}/ready", "LIVE"), 30,
-                   alive=child.alive)
-    if wait_healthy:
-        readiness.poll("upstream", readiness.http_ok(base + "/health"), 30, alive=child.alive)
-    return child, base
 
 
 @pytest.fixture(scope="module")
 def envoy(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("envoy")
-    port = free_port()
-    fake = Child("fake", [sys.executable, str(HERE / "fake_upstream.py"), "--port", str(port)], tmp / "fake.log")
-    child = None
-    try:
-        child, base = _envoy(tmp, port, wait_healthy=True)
+    with in_front_of_fake(tmp_path_factory.mktemp("envoy")) as base:
         yield base
-    finally:
-        if child:
-            child.stop(5)
-        fake.stop(5)
 
 
 def chat(base, content, **extra):
     return httpx.post(base + "/v1/chat/completions", timeout=10,
                       json={"model": "m", "messages": [{"role": "user", "content": content}], **extra})
-
-
-def openai_error(reply, status):
-    assert reply.status_code == status, reply.text
-    assert reply.headers["content-type"] == "application/json"
-    assert not [h for h in reply.headers if h.startswith("grpc-")]
-    body = reply.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "code", "param"}
-    return body["error"]
 
 
 def test_openai_errors_are_reshaped_with_status(envoy):
@@ -76,15 +44,6 @@ def test_openai_errors_are_reshaped_with_status(envoy):
     big = httpx.post(envoy + "/v1/completions", content=b"x" * (5 * 1024 * 1024),
                      headers={"content-type": "application/json"})
     assert openai_error(big, 413)["message"]
-
-
-def anthropic_error(reply, status):
-    assert reply.status_code == status, reply.text
-    assert reply.headers["content-type"] == "application/json"
-    assert not [h for h in reply.headers if h.startswith("grpc-")]
-    body = reply.json()
-    assert set(body) == {"type", "error"} and body["type"] == "error" and set(body["error"]) == {"type", "message"}
-    return body["error"]
 
 
 def message(base, content, **extra):
@@ -191,7 +150,7 @@ def test_a_grpc_clients_deadline_reaches_the_server(envoy):
 
 
 def test_dead_backend_is_an_immediate_json_503(tmp_path):
-    child, base = _envoy(tmp_path, free_port(), wait_healthy=False)  # nothing listens upstream
+    child, base = start(tmp_path, free_port(), wait_healthy=False)  # nothing listens upstream
     try:
         reply = httpx.post(base + "/v1/chat/completions", json={"messages": []}, timeout=5)
         err = openai_error(reply, 503)
