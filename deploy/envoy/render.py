@@ -309,6 +309,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="preprocess port (repeat for several replicas on --upstream-host)")
     parser.add_argument("--descriptor")
     parser.add_argument("--api-key", action="append", default=[], help="enable API-key auth (repeatable)")
+    parser.add_argument("--api-keys-file", type=Path,
+                        help="enable API-key auth with these keys: one a line, # comments (keeps them off argv)")
     parser.add_argument("--trust-client-identity", action="store_true",
                         help="keys off: pass x-mstar-client from an authenticating proxy in front of Envoy")
     parser.add_argument("--rate-limit-rps", type=int, help="enable local rate limiting")
@@ -321,6 +323,13 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.out is None:
         parser.error("--out is required")
+    if args.api_keys_file:
+        from services.stack import api_keys  # the launcher's own parsing (its package imports this one)
+
+        try:
+            args.api_key += api_keys.from_file(args.api_keys_file)
+        except api_keys.BadApiKeys as exc:
+            parser.error(str(exc))
     overrides = {
         "http_port": args.http_port, "admin_port": args.admin_port, "upstream_host": args.upstream_host,
         "upstream_port": args.upstream_port[0] if args.upstream_port else None,
