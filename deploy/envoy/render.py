@@ -134,7 +134,8 @@ def local_reply_config() -> dict:
     # A gRPC client's request (the transcoder also turns HTTP/JSON requests into application/grpc,
     # but marks them with x-envoy-original-path).
     grpc = {"and_filter": {"filters": [
-        {"header_filter": {"header": {"name": "content-type", "string_match": {"prefix": "application/grpc"}}}},
+        {"header_filter": {"header": {"name": "content-type",  # not application/grpc-web
+                                      "string_match": {"safe_regex": {"regex": "application/grpc([+;].*)?"}}}}},
         {"header_filter": {"header": {"name": "x-envoy-original-path", "present_match": True,
                                       "invert_match": True}}},
     ]}}

@@ -42,7 +42,10 @@ end
 function envoy_on_request(handle)
   local headers = handle:headers()
   local content_type = headers:get("content-type") or ""
-  local is_grpc = string.sub(content_type, 1, 16) == "application/grpc"
+  -- gRPC as Envoy defines it (application/grpc, +subtype or ;params): not application/grpc-web,
+  -- which the grpc_web filter has already turned into gRPC where it is served.
+  local is_grpc = string.match(content_type, "^application/grpc$") ~= nil
+    or string.match(content_type, "^application/grpc[+;]") ~= nil
   local size, count = 0, 0
   for key, value in pairs(headers) do
     size = size + #key + #value + 32

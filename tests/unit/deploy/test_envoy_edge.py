@@ -157,6 +157,22 @@ def test_grpc_web_text_is_served(envoy):
     assert ipb.ListModelsResponse.FromString(frames[0][1]).data[0].id == "fake"
 
 
+@pytest.mark.parametrize("kind", ["application/grpc-web", "application/grpc-web-text", "application/grpc-web+json"])
+def test_grpc_web_on_an_http_api_route_is_a_415_in_its_shape(envoy, kind):
+    # It was a 200 carrying grpc-status in a header: success, to an HTTP client.
+    headers = {"content-type": kind}
+    err = openai_error(httpx.post(envoy + "/v1/chat/completions", content=b"{}", headers=headers, timeout=10), 415)
+    assert err["code"] == "unsupported_media_type"
+    anthropic_error(httpx.post(envoy + "/v1/messages", content=b"{}", headers=headers, timeout=10), 415)
+    native_error(httpx.post(envoy + "/v1/generate", content=b"{}", headers=headers, timeout=10), 415, code=3)
+
+
+def test_grpc_web_with_a_json_subtype_is_a_415(envoy):
+    reply = httpx.post(envoy + "/mstar.v1.InferenceService/ListModels", content=b"{}",
+                       headers={"content-type": "application/grpc-web+json"}, timeout=10)
+    assert "protobuf only" in native_error(reply, 415, code=3)["message"]
+
+
 def test_grpc_web_errors_carry_their_status(envoy):
     reply, _ = grpc_web(envoy, "GenerateStream", ipb.GenerateStreamRequest(input={"text": "too long"}))
     assert reply.headers["grpc-status"] == "3" and "9000 tokens" in reply.headers["grpc-message"]
@@ -199,6 +215,8 @@ def test_keys_own_their_responses_and_a_claimed_identity_changes_nothing(tmp_pat
         assert _owned_round_trip(base, a, b) == (404, 200)
         posing = {**b, "x-mstar-client": render.api_key_client("key-one")}  # B claims A's name
         assert _owned_round_trip(base, a, posing) == (404, 200)
+        reply, _ = grpc_web(base, "ListModels", ipb.ListModelsRequest())  # gRPC-Web needs a key too
+        assert reply.status_code == 401 and reply.headers["grpc-status"] == "16"
 
 
 def test_a_fronting_proxys_identity_passes_only_when_trusted(tmp_path):
