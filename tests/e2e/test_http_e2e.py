@@ -85,8 +85,8 @@ def test_errors_are_json_with_the_right_status(stack):
     assert err["code"] == "invalid_json" and err["param"] == "body"
     native = httpx.post(url + "/v1/generate", content=b"{oops", headers={"content-type": "application/json"})
     assert native.status_code == 400 and native.json()["code"] == 3
-    missing = httpx.get(url + "/v1/nope")
-    assert missing.status_code == 404 and missing.json()["code"] == 5
+    missing = openai_error(httpx.get(url + "/v1/nope"), 404)  # an unknown /v1 path: OpenAI's shape
+    assert missing["code"] == "unknown_route" and missing["message"] == "Invalid URL (GET /v1/nope)"
     long_prompt = "hello " * 9000  # > the 8192-token context
     err = openai_error(httpx.post(url + "/v1/completions", timeout=60,
                                   json={"model": "default", "prompt": long_prompt, "max_tokens": 1}), 400)
