@@ -170,17 +170,17 @@ def _check_text(text, field: str, limit: int) -> int:
 
 def _check_schema(text, field: str) -> int:
     size = _check_text(text, field, MAX_SCHEMA_BYTES)
+    too_deep = f"nests too deep: more than {MAX_SCHEMA_DEPTH} levels (the limit is {MAX_SCHEMA_DEPTH})"
     try:
         schema = json.loads(text)
     except ValueError as e:
         raise ConstraintError(field, f"is not valid JSON ({e})") from None
     except RecursionError:  # json's parser recurses: thousands of nested brackets end up here
-        raise ConstraintError(field, f"nests too deep to parse; the limit is {MAX_SCHEMA_DEPTH}") from None
+        raise ConstraintError(field, too_deep) from None
     if not isinstance(schema, dict | bool):
         raise ConstraintError(field, f"must be a JSON object (or boolean), got {type(schema).__name__}")
-    depth = _depth(schema)
-    if depth > MAX_SCHEMA_DEPTH:
-        raise ConstraintError(field, f"nests {depth} levels deep; the limit is {MAX_SCHEMA_DEPTH}")
+    if _depth(schema) > MAX_SCHEMA_DEPTH:  # the walk stops one level past the limit
+        raise ConstraintError(field, too_deep)
     return size
 
 

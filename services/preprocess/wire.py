@@ -130,8 +130,19 @@ def request_spec(msg: pb.PreprocessInput, surface: str,
     )
 
 
+# What a request may ask back: the served models are language models, which produce text (its
+# token ids come with it) or, prefill only, an embedding. Anything else would be answered with
+# text the caller did not ask for.
+_OUTPUTS = (pb.MODALITY_UNSPECIFIED, pb.MODALITY_TEXT, pb.MODALITY_TOKENS, pb.MODALITY_EMBEDDING)
+
+
 def _embedding(msg: pb.PreprocessInput, root: str) -> EmbeddingSpec | None:
     """output_modalities [MODALITY_EMBEDDING]: an embedding request (ModelKwargs.embedding)."""
+    for i, value in enumerate(msg.output_modalities):
+        if value not in _OUTPUTS:
+            name = pb.Modality.Name(value) if value in pb.Modality.values() else str(value)
+            raise invalid_argument(f"{root}.output_modalities[{i}]", f"the model cannot produce {name}; it "
+                                   "produces MODALITY_TEXT (with its MODALITY_TOKENS) or MODALITY_EMBEDDING")
     outputs = set(msg.output_modalities)
     if pb.MODALITY_EMBEDDING not in outputs:
         return None

@@ -25,9 +25,10 @@ from pydantic import (
     Tag,
     ValidationError,
 )
-from pydantic_core import PydanticCustomError, from_json
+from pydantic_core import PydanticCustomError
 
 from services.common import errors
+from services.preprocess import json_text
 
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -134,23 +135,15 @@ def parse(model: type[Body], req: HttpRequest) -> Body:
     try:
         # Strict JSON first (NaN/Infinity literals and lone surrogates are not JSON, even in a
         # field that is ignored), then the model, with JSON's types kept strict.
-        value = from_json(req.body, allow_inf_nan=False)
+        value = json_text.loads(req.body)
     except ValueError as exc:
-        raise errors.invalid_argument("body", _json_error(str(exc)), reason="INVALID_JSON") from None
+        raise errors.invalid_argument("body", json_text.message(str(exc)), reason="INVALID_JSON") from None
     try:
         body = model.model_validate(value, strict=True)
     except ValidationError as exc:
         raise validation_error(exc) from None
     body.check()
     return body
-
-
-def _json_error(parser_message: str) -> str:
-    if "surrogate" in parser_message or "end of hex escape" in parser_message:
-        # What a lone \ud800 looks like to the parser; say it in the client's terms.
-        where = parser_message[parser_message.rfind(" at line"):] if " at line" in parser_message else ""
-        return f"invalid JSON: a string holds a lone UTF-16 surrogate escape (\\ud800-\\udfff come in pairs){where}"
-    return f"invalid JSON: {parser_message}"
 
 
 def _check_content_type(content_type: str) -> None:

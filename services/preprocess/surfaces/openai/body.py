@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field
 from pydantic_core import PydanticCustomError
 
+from services.common import errors
 from services.preprocess.surfaces import fields
 from services.preprocess.surfaces.http import (
     Body,
@@ -38,6 +39,14 @@ def _stop(value: Any) -> Any:
         value = [value]
     if isinstance(value, list):
         return [s for s in value if s != ""]
+    return value
+
+
+def _output_modality(value: str) -> str:
+    """What chat `modalities` may ask for: the served model writes text and nothing else."""
+    if value != "text":
+        raise PydanticCustomError("unsupported_field", "the model cannot produce {kind}; it produces text only",
+                                  {"kind": errors.quote(value, 32)})
     return value
 
 
@@ -186,7 +195,7 @@ def check_constraint_fields(body: _Common) -> None:
 def _is_json_object(text: str) -> bool:
     try:
         return isinstance(json.loads(text), dict)
-    except ValueError:
+    except (ValueError, RecursionError):  # json's parser recurses: a deep document ends up here
         return False
 
 
@@ -203,7 +212,7 @@ class ChatBody(_Common):
     functions: unsupported() = None
     function_call: unsupported() = None
     audio: unsupported() = None
-    modalities: unsupported(["text"]) = None
+    modalities: list[Annotated[str, AfterValidator(_output_modality)]] | None = None  # ["text"] or nothing
     prediction: unsupported() = None
     reasoning_effort: unsupported() = None
     web_search_options: unsupported() = None

@@ -170,7 +170,7 @@ class ResponsesBody(Body):
             if item.type == "function_call":
                 try:
                     ok = isinstance(json.loads(item.arguments), dict)
-                except ValueError:
+                except (ValueError, RecursionError):  # json's parser recurses on a deep document
                     ok = False
                 if not ok:
                     raise field_error(f"input[{i}].arguments", "must be a JSON object encoded as a string")
