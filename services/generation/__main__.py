@@ -27,7 +27,7 @@ from services.common.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer
 from services.common.serving import State
 from services.generation import heap
 from services.generation.engine import Engine, EngineConfig, SamplingParams
-from services.generation.faults import install_from_env
+from services.generation.faults import attach_boundaries, install_from_env
 from services.generation.servicer import GenerationServicer
 from services.generation.torch_thread import TorchThread
 from services.generation.watchdog import DEFAULT_TIMEOUT_S, watch_engine
@@ -162,11 +162,15 @@ async def serve(args) -> bool:
         log.info("metrics", extra={"port": start_metrics_server(args.host, args.metrics_port, metrics.registry)})
 
     def on_step(out) -> None:  # engine thread: metrics first (thread-safe), then the streams
-        metrics.on_engine_output(out, engine)
+        try:
+            metrics.on_engine_output(out, engine)
+        except Exception:  # noqa: BLE001 - a metrics bug must never lose a step's output
+            log.exception("metrics failed to record a step; its output is delivered anyway")
         servicer.on_step(out)
 
     # The warm-up request's key names no stream, so the servicer drops its outputs.
     engine = Engine(runner, config, on_step, state)
+    attach_boundaries(runner, engine.boundary, servicer.boundary)  # MSTAR_FAULTS request faults: tests only
     servicer.attach(engine, loop)
     engine.start(torch_thread)
     await asyncio.to_thread(warm_up, engine)  # waits on the engine; runs no torch itself

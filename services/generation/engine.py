@@ -9,7 +9,10 @@ with exactly one Completion (finished or cancelled) or Failure, except keys that
 
 The engine reads the process's one ServingState (services/common/serving.py): it admits requests
 while STARTING (the warm-up) or SERVING, refuses them while DRAINING or FAILED, and never steps
-once FAILED. If a step raises, the engine marks the state FAILED (ENGINE_FAILED) and every
+once FAILED. A fault in one request's own work (its draw, grammar, token bookkeeping, Completion,
+embedding: postprocess.py, behind services/common/fault_boundary.py) fails that request alone with
+INTERNAL (REQUEST_FAULT) and the engine steps on. If the shared work raises (the model step, the
+scheduler's or block manager's books), the engine marks the state FAILED (ENGINE_FAILED) and every
 in-flight request fails with UNAVAILABLE; when something else marks it FAILED (the watchdog, after
 a hung step), the loop fails whatever it still holds the next time it runs, which frees the blocks.
 
@@ -38,21 +41,14 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 
 from services.common import errors, hop_trace
+from services.common.fault_boundary import FaultBoundary, RequestFault
 from services.common.serving import ServingState, State
 from services.generation import heap
 from services.generation.block_manager import BlockManager
 from services.generation.grammar.compiler import GrammarConfig
 from services.generation.grammar.requests import GrammarRequests
-from services.generation.outputs import (
-    FINISH_CANCELLED,
-    FINISH_LENGTH,
-    FINISH_STOP,
-    Completion,
-    Failure,
-    StepOutput,
-    TensorEvent,
-    TokenEvent,
-)
+from services.generation.outputs import FINISH_CANCELLED, Failure, StepOutput, completion_of
+from services.generation.postprocess import Postprocess
 from services.generation.request_checks import check_input_end, check_prompt_tokens
 from services.generation.sampling_params import SamplingParams, validate_embedding, validate_sampling_params
 from services.generation.scheduler import Scheduler, SchedulerConfig
@@ -111,6 +107,9 @@ class Engine:
         self._wall_offset = time.time() - time.monotonic()
         self.heap_release = heap.IdleRelease(release=self._release_idle_memory)
         self.grammars = GrammarRequests(runner, config.grammar, lambda *ready: self._commands.put(("grammar", *ready)))
+        # Per-request work fails only its request (docs/design.md "Fault containment").
+        self.boundary = FaultBoundary("engine", log)
+        self.postprocess = Postprocess(runner, self.grammars, self.boundary)
 
     # -- thread-safe API ----------------------------------------------------------------------
 
@@ -308,63 +307,34 @@ class Engine:
                 t.preempted_s += now - t.preempted_at
                 t.preempted_at = None
         started_ns = time.time_ns() if hop_trace.ON else 0
-        result = self.runner.run(batch.seqs, batch.num_new_tokens, sampling, pooling, on_launch=self._report_held)
+        rows = self.runner.run(batch.seqs, batch.num_new_tokens, sampling, pooling, on_launch=self._report_held)
         done = time.monotonic()
-        if hop_trace.ON:  # bench/hops.py: the step's run (model + sampling), start as extra
-            hop_trace.mark("step", "", out.step, started_ns)
         self.num_steps += 1
         out.num_batched_tokens = batch.num_tokens
         self.stats.num_batched_tokens_total += batch.num_tokens
-        row = pooled = 0
         for seq, n, is_sampling, is_pooling in zip(batch.seqs, batch.num_new_tokens, sampling, pooling, strict=True):
             if seq.is_prefill_step():
                 seq.timing.prefill_s += done - now
             seq.num_computed_tokens += n
             self.block_manager.register_computed_blocks(seq)
-            if is_pooling:
-                data, pooled = result.embeddings[pooled], pooled + 1
-                self._end_embedding(out, seq, data)
-                continue
-            if not is_sampling:
+            if not (is_sampling or is_pooling):
                 out.prefilling.append(seq.key)
+        # The model ran (shared work, fatal if it raised); the rest is each request's own work.
+        for outcome in self.postprocess(rows, batch.seqs, sampling, pooling, done):
+            seq = outcome.seq
+            if outcome.error is not None:
+                self._fail(out, seq, outcome.error)
                 continue
-            r, row = row, row + 1
-            if not result.is_finite[r]:
-                self._fail(out, seq, errors.internal(
-                    f"request {seq.key!r}: the model produced non-finite logits", "NON_FINITE_LOGITS"))
-                continue
-            token = result.token_ids[r]
-            error = self.grammars.advance(seq, token) if seq.grammar is not None else None
-            if error is not None:
-                self._fail(out, seq, error)
-                continue
-            seq.append_output(token)
-            seq.timing.first_token = seq.timing.first_token or done
-            seq.timing.last_token = done
-            out.tokens.append(TokenEvent(seq.key, token, seq.num_output_tokens - 1, result.logprobs[r]))
-            self.stats.num_generated_tokens += 1
-            reason = self._finish_reason(seq, token)
-            if reason is not None:
-                self._finish(out, seq, reason)
+            if outcome.tensor is not None:
+                out.tensors.append(outcome.tensor)
+            if outcome.token is not None:
+                out.tokens.append(outcome.token)
+                self.stats.num_generated_tokens += 1
+            if outcome.finish_reason is not None:
+                self._finish(out, seq, outcome.finish_reason)
+        if hop_trace.ON:  # bench/hops.py: the step's run (model + sampling), start as extra
+            hop_trace.mark("step", "", out.step, started_ns)
         return True
-
-    def _end_embedding(self, out: StepOutput, seq: Sequence, data: bytes | None) -> None:
-        """An embedding request's prefill is done: its vector, then its end (blocks freed now)."""
-        if data is None:
-            self._fail(out, seq, errors.internal(
-                f"request {seq.key!r}: the model produced a non-finite hidden state", "NON_FINITE_LOGITS"))
-            return
-        out.tensors.append(TensorEvent(seq.key, data, (len(data) // 4,)))
-        self._finish(out, seq, FINISH_STOP)
-
-    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        if token in seq.params.stop_token_ids or (not seq.params.ignore_eos and token in self.runner.eos_token_ids):
-            return FINISH_STOP
-        if seq.grammar is not None and seq.grammar.is_terminated:
-            return FINISH_STOP  # the grammar ended (even with ignore_eos: it allows nothing else)
-        if seq.num_output_tokens >= seq.max_tokens or len(seq) >= self.runner.max_model_len:
-            return FINISH_LENGTH
-        return None
 
     def _remove(self, seq: Sequence, keep_cache: bool = True) -> None:
         del self.seqs[seq.key]
@@ -373,26 +343,13 @@ class Engine:
 
     def _finish(self, out: StepOutput, seq: Sequence, reason: str) -> None:
         self._remove(seq)
-        t, now = seq.timing, time.monotonic()
-        first = t.first_token or now
-        ms = 1000.0
-        out.completed.append(Completion(
-            key=seq.key,
-            finish_reason=reason,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_cached_tokens=seq.num_cached_tokens,
-            num_output_tokens=seq.num_output_tokens,
-            queue_ms=((t.first_scheduled or now) - t.arrival) * ms,
-            prefill_ms=t.prefill_s * ms,
-            ttft_ms=(first - t.ingest) * ms if t.first_token else 0.0,
-            decode_ms=((t.last_token or first) - first) * ms,
-            e2e_ms=(now - t.arrival) * ms,
-            preempted_ms=t.preempted_s * ms,
-            arrival_time=t.arrival + self._wall_offset,
-            ingest_time=t.ingest + self._wall_offset,
-            finish_time=now + self._wall_offset,
-            warnings=list(seq.warnings),
-        ))
+        completion = self.boundary.call("finish", seq.key, completion_of, seq, reason, time.monotonic(),
+                                        self._wall_offset)
+        if isinstance(completion, RequestFault):
+            out.failed.append(Failure(seq.key, completion.error))
+            self.stats.num_failed += 1
+            return
+        out.completed.append(completion)
         self.stats.num_finished += 1
 
     def _fail(self, out: StepOutput, seq: Sequence, error: errors.MstarError) -> None:

@@ -9,6 +9,10 @@ process without a code path that exists in production:
 - ``stall_step_at=N:SECONDS``   the N-th forward sleeps SECONDS before computing (R08, watchdog).
 - ``nan_row_at_step=N[:ROW]``   the first forward >= N that samples returns NaN logits in row ROW
                                 (default 0; clamped to the batch) (R30).
+- ``request_fault_at_step=N:STAGE``  from the N-th forward on, the first request whose per-request
+                                work reaches STAGE (sample, grammar, token, pool, finish: the engine's
+                                fault boundary; output: the servicer's) raises there, and keeps
+                                raising there (the boundary retries a batch row by row) (issue 28).
 - ``arm_file=PATH``             forwards are counted only once PATH exists, so a test can start
                                 the stack, let warm-up traffic pass, then arm the fault.
 
@@ -48,10 +52,16 @@ class FaultConfig:
     nan_row_at_step: int | None = None
     nan_row: int = 0
     arm_file: str | None = None
+    request_fault_at_step: int | None = None
+    request_fault_stage: str = ""
 
     @property
     def is_empty(self) -> bool:
-        return self.forward_raise_at_step is None and self.stall_step_at is None and self.nan_row_at_step is None
+        return (self.forward_raise_at_step is None and self.stall_step_at is None and self.nan_row_at_step is None
+                and self.request_fault_at_step is None)
+
+
+STAGES = ("sample", "grammar", "token", "pool", "finish", "output")  # services/generation/postprocess.py
 
 
 def _positive_int(key: str, text: str) -> int:
@@ -83,6 +93,12 @@ def parse_faults(spec: str) -> FaultConfig:
             fields["nan_row"] = int(row) if row else 0
             if int(fields["nan_row"]) < 0:
                 raise ValueError(f"{ENV_VAR}: nan row must be >= 0, got {row}")
+        elif key == "request_fault_at_step":
+            step, _, stage = value.partition(":")
+            fields["request_fault_at_step"] = _positive_int(key, step)
+            if stage not in STAGES:
+                raise ValueError(f"{ENV_VAR}: request fault stage must be one of {', '.join(STAGES)}, got {stage!r}")
+            fields["request_fault_stage"] = stage
         elif key == "arm_file":
             fields["arm_file"] = value
         else:
@@ -106,6 +122,7 @@ class FaultInjector:
         self.config = config
         self.num_steps = 0
         self.fired: list[str] = []
+        self.faulty_request = None  # the key request_fault_at_step picked
         self._lock = threading.Lock()
 
     def _armed(self) -> bool:
@@ -141,6 +158,22 @@ class FaultInjector:
         return row
 
 
+    def request_fault(self, stage: str, key) -> None:
+        """The fault boundaries' hook (FaultBoundary.inject): raise in the chosen request's work."""
+        c = self.config
+        if stage != c.request_fault_stage or c.request_fault_at_step is None:
+            return
+        with self._lock:
+            if self.faulty_request is None:
+                if self.num_steps < c.request_fault_at_step:
+                    return
+                self.faulty_request = key
+                self.fired.append("request")
+                log.warning("fault: raising in one request's work", extra={"stage": stage, "request_key": str(key)})
+        if key == self.faulty_request:
+            raise InjectedFault(f"injected fault: {stage} raised for request {key!r}")
+
+
 def install(runner, config: FaultConfig) -> FaultInjector:
     """Wrap runner.forward (real model) or runner.run (null runner) with the faults."""
     injector = FaultInjector(config)
@@ -162,11 +195,11 @@ def install(runner, config: FaultConfig) -> FaultInjector:
 
         def faulty_run(*args, **kwargs):
             step = injector.next_step()
-            result = run(*args, **kwargs)
-            row = injector.nan_row_now(step, len(result.is_finite))
+            rows = run(*args, **kwargs)  # NullRows: one is_finite flag per sampling sequence
+            row = injector.nan_row_now(step, len(rows.is_finite))
             if row is not None:
-                result.is_finite[row] = False
-            return result
+                rows.is_finite[row] = False
+            return rows
 
         runner.run = faulty_run
     log.warning("fault injection enabled", extra={"faults": repr(config)})
@@ -180,3 +213,11 @@ def install_from_env(runner, env: Mapping[str, str] | None = None):
     if config is not None:
         runner.fault_injector = install(runner, config)
     return runner
+
+
+def attach_boundaries(runner, *boundaries) -> None:
+    """Give the fault boundaries (engine, servicer) the injector's request-fault hook, if any."""
+    injector = getattr(runner, "fault_injector", None)
+    if injector is not None and injector.config.request_fault_at_step is not None:
+        for boundary in boundaries:
+            boundary.inject = injector.request_fault

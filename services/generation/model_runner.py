@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,7 +19,8 @@ from services.generation.fused_step import FusedStep, fusable
 from services.generation.models.kv_cache import KVCache
 from services.generation.models.llama import StepMetadata, Transformer
 from services.generation.numerics import choose, resolve_device
-from services.generation.sampler import SampleOutput, Sampler
+from services.generation.outputs import SampleOutput
+from services.generation.sampler import Sampler
 from services.generation.sequence import Sequence
 from services.generation.threads import default_threads
 from services.generation.weights.checkpoint import Checkpoint
@@ -46,6 +47,15 @@ class RunnerConfig:
 
 
 POOLINGS = ("mean", "last")
+
+
+@dataclass
+class StepRows:
+    """What one step's model run leaves for the per-request work: the logits of the sequences
+    that sample (row i = the i-th of them), and the pooled final hidden states of those that pool."""
+
+    logits: torch.Tensor | None  # [S, V] fp32; None (or S = 0) when no sequence samples
+    pooled: list[torch.Tensor] = field(default_factory=list)  # one [H] per pooling sequence
 
 
 def normalized(pooled: torch.Tensor, dimensions: int | None) -> bytes | None:
@@ -156,19 +166,19 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], num_new_tokens: list[int], sampling: list[bool],
-            pooling: list[bool] | None = None, on_launch: Callable[[], None] | None = None) -> SampleOutput:
-        """Compute the scheduled tokens; sample one token for each seq with sampling[i] True, and
-        return the embedding of each seq with pooling[i] True (an embedding request whose prompt
-        ends in this step). Mean pooling adds every step's rows of an embedding request to its
-        running sum (seq.pooled), so chunked prefill pools exactly the rows a single pass would.
-        on_launch is called once the inputs are ready, right before the model runs."""
+            pooling: list[bool] | None = None, on_launch: Callable[[], None] | None = None) -> StepRows:
+        """Compute the scheduled tokens over the paged cache: the logits of each seq with
+        sampling[i] True, and the pooled final hidden state of each seq with pooling[i] True (an
+        embedding request whose prompt ends in this step). Mean pooling adds every step's rows of
+        an embedding request to its running sum (seq.pooled), so chunked prefill pools exactly the
+        rows a single pass would. on_launch is called once the inputs are ready, right before the
+        model runs. This is the step's shared work (the model over the KV cache); what is then
+        done per request (sample, embedding) runs behind the engine's fault boundary."""
         on_launch = on_launch or (lambda: None)
         if not any(seq.is_embedding for seq in seqs):  # the generation path: compiled when warm
             input_ids, meta = self.prepare(seqs, num_new_tokens, sampling)
             on_launch()
-            logits = self.forward(input_ids, meta)  # [S, V]
-            sampled = [s for s, is_sampling in zip(seqs, sampling, strict=True) if is_sampling]
-            return self.sampler(logits, sampled) if sampled else SampleOutput([], [], [])
+            return StepRows(self.forward(input_ids, meta))  # [S, V]; S = 0 when no row samples
         pooling = pooling or [False] * len(seqs)
         mean = self.config.pooling == "mean"
         rows = [n if seq.is_embedding and mean else int(is_sampling or is_pooling)
@@ -180,23 +190,29 @@ class ModelRunner:
         # Only steps that hold an embedding request's prompt chunk take this path; grammar masks
         # are applied by the sampler after the logits either way.
         hidden = self.model.final_hidden(input_ids, meta, self.kv_cache)  # [sum(rows), H]
-        sample_rows, sampled, embeddings, end = [], [], [], 0
+        sample_rows, pooled, end = [], [], 0
         for seq, k, is_sampling, is_pooling in zip(seqs, rows, sampling, pooling, strict=True):
             end += k
             if not seq.is_embedding:
                 if is_sampling:
                     sample_rows.append(end - 1)
-                    sampled.append(seq)
                 continue
             if mean and k:
                 chunk = hidden[end - k:end].float().sum(dim=0)
                 seq.pooled = chunk if seq.pooled is None else seq.pooled + chunk
             if is_pooling:
-                pooled = seq.pooled / seq.num_prompt_tokens if mean else hidden[end - 1]
-                embeddings.append(normalized(pooled, seq.params.embedding.dimensions))
-        out = self.sampler(self.model.logits(hidden[sample_rows]), sampled) if sampled else SampleOutput([], [], [])
-        out.embeddings = embeddings
-        return out
+                pooled.append(seq.pooled / seq.num_prompt_tokens if mean else hidden[end - 1])
+        return StepRows(self.model.logits(hidden[sample_rows]) if sample_rows else None, pooled)
+
+    @torch.inference_mode()
+    def sample(self, rows: StepRows, seqs: list[Sequence], indices: list[int]) -> SampleOutput:
+        """The tokens (and logprobs) of seqs, drawn from rows.logits[indices] (one per seq)."""
+        logits = rows.logits if indices == list(range(rows.logits.shape[0])) else rows.logits[indices]
+        return self.sampler(logits, seqs)
+
+    def embedding(self, rows: StepRows, index: int, seq: Sequence) -> bytes | None:
+        """The embedding of the index-th pooling seq of the step (None: not finite)."""
+        return normalized(rows.pooled[index], seq.params.embedding.dimensions)
 
     def clear_blocks(self, block_ids: list[int]) -> None:
         with torch.inference_mode():

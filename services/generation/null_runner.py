@@ -10,9 +10,17 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from services.generation.sampler import SampleOutput
+from services.generation.outputs import SampleOutput
 from services.generation.sequence import Sequence
+
+
+@dataclass
+class NullRows:
+    """A null step's rows: one flag per sampling sequence (False: poisoned by an injected fault)."""
+
+    is_finite: list[bool]
 
 
 class NullRunner:
@@ -27,19 +35,20 @@ class NullRunner:
         self.token_id = token_id
 
     def run(self, seqs: list[Sequence], num_new_tokens: list[int], sampling: list[bool],
-            pooling: list[bool] | None = None, on_launch: Callable[[], None] | None = None) -> SampleOutput:
+            pooling: list[bool] | None = None, on_launch: Callable[[], None] | None = None) -> NullRows:
         if on_launch is not None:
             on_launch()
         if self.step_time_s:
             time.sleep(self.step_time_s)
-        n = sum(sampling)
-        out = SampleOutput([self.token_id] * n, [None] * n, [True] * n)
-        # An embedding is the first basis vector of the requested width (unit length, like real ones).
-        for seq, is_pooling in zip(seqs, pooling or [False] * len(seqs), strict=True):
-            if is_pooling:
-                width = seq.params.embedding.dimensions or self.hidden_size
-                out.embeddings.append(struct.pack(f"<{width}f", 1.0, *([0.0] * (width - 1))))
-        return out
+        return NullRows([True] * sum(sampling))
+
+    def sample(self, rows: NullRows, seqs: list[Sequence], indices: list[int]) -> SampleOutput:
+        return SampleOutput([self.token_id] * len(indices), [None] * len(indices), [rows.is_finite[i] for i in indices])
+
+    def embedding(self, rows: NullRows, index: int, seq: Sequence) -> bytes:
+        """The first basis vector of the requested width (unit length, like real ones)."""
+        width = seq.params.embedding.dimensions or self.hidden_size
+        return struct.pack(f"<{width}f", 1.0, *([0.0] * (width - 1)))
 
     def clear_blocks(self, block_ids: list[int]) -> None:
         return None

@@ -6,7 +6,24 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from services.common.errors import MstarError
-from services.generation.sampler import TokenLogprobs
+from services.generation.sequence import Sequence
+
+
+@dataclass
+class TokenLogprobs:
+    logprob: float
+    top_token_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass
+class SampleOutput:
+    """What the sampler drew for the rows it was given."""
+
+    token_ids: list[int]  # one per row
+    logprobs: list[TokenLogprobs | None]  # one per row; None where not asked
+    is_finite: list[bool]  # False: the row's logits had NaN/Inf; its token is meaningless
+
 
 FINISH_STOP = "stop"  # EOS, or a stop token id
 FINISH_LENGTH = "length"  # max_tokens or the context length
@@ -49,6 +66,30 @@ class Completion:
     ingest_time: float
     finish_time: float
     warnings: list[str] = field(default_factory=list)
+
+
+def completion_of(seq: Sequence, reason: str, now: float, wall_offset: float) -> Completion:
+    """A finished request's Completion; `now` is monotonic, wall_offset = time.time() - monotonic()."""
+    t = seq.timing
+    first = t.first_token or now
+    ms = 1000.0
+    return Completion(
+        key=seq.key,
+        finish_reason=reason,
+        num_prompt_tokens=seq.num_prompt_tokens,
+        num_cached_tokens=seq.num_cached_tokens,
+        num_output_tokens=seq.num_output_tokens,
+        queue_ms=((t.first_scheduled or now) - t.arrival) * ms,
+        prefill_ms=t.prefill_s * ms,
+        ttft_ms=(first - t.ingest) * ms if t.first_token else 0.0,
+        decode_ms=((t.last_token or first) - first) * ms,
+        e2e_ms=(now - t.arrival) * ms,
+        preempted_ms=t.preempted_s * ms,
+        arrival_time=t.arrival + wall_offset,
+        ingest_time=t.ingest + wall_offset,
+        finish_time=now + wall_offset,
+        warnings=list(seq.warnings),
+    )
 
 
 @dataclass

@@ -19,30 +19,12 @@ one op instead, KernelOps.greedy: the argmax and step 1's finiteness check in on
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from kernels.dispatch import KernelOps
 from services.generation.grammar.bitmask import TokenMasks
+from services.generation.outputs import SampleOutput, TokenLogprobs
 from services.generation.sequence import Sequence
-
-
-@dataclass
-class TokenLogprobs:
-    logprob: float
-    top_token_ids: list[int]
-    top_logprobs: list[float]
-
-
-@dataclass
-class SampleOutput:
-    token_ids: list[int]  # one per row
-    logprobs: list[TokenLogprobs | None]  # one per row; None where not asked
-    is_finite: list[bool]  # False: the row's logits had NaN/Inf; its token is meaningless
-    # One per pooling row (the runner's `pooling` flags, in order): the normalized embedding as
-    # float32 little-endian bytes, or None when the hidden state was not finite.
-    embeddings: list[bytes | None] = field(default_factory=list)
 
 
 class Sampler:
@@ -135,15 +117,14 @@ def gather_logprobs(log_probs: torch.Tensor, tokens: torch.Tensor, top_n: list[i
     """The sampled token's logprob and the top-n alternatives for each row that asked. Alternatives a
     grammar ruled out (logprob -inf) are left out, so a constrained row may list fewer than n."""
     chosen = log_probs.gather(1, tokens[:, None]).squeeze(1).tolist()  # [S]
-    k = max((n or 0) for n in top_n)
-    top_values, top_ids = (log_probs.topk(k, dim=-1) if k else (None, None))
-    top_values = top_values.tolist() if k else None
-    top_ids = top_ids.tolist() if k else None
+    k = max((n or 0) for n in top_n)  # 0: only the sampled tokens' own logprobs were asked for
+    top_values, top_ids = log_probs.topk(k, dim=-1) if k else (log_probs[:, :0], log_probs[:, :0].long())
+    top_values, top_ids = top_values.tolist(), top_ids.tolist()  # [S][k]
     out: list[TokenLogprobs | None] = []
     for r, n in enumerate(top_n):
         if n is None:
             out.append(None)
-        else:
-            m = sum(1 for v in top_values[r][:n] if v != float("-inf")) if n else 0
-            out.append(TokenLogprobs(chosen[r], top_ids[r][:m], top_values[r][:m]))
+            continue
+        m = sum(1 for v in top_values[r][:n] if v != float("-inf"))
+        out.append(TokenLogprobs(chosen[r], top_ids[r][:m], top_values[r][:m]))
     return out

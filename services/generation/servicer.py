@@ -40,6 +40,7 @@ from mstar.v1 import messages_pb2 as pb
 from opentelemetry.trace import Span, StatusCode
 
 from services.common import contract, errors, hop_trace, tracing
+from services.common.fault_boundary import FaultBoundary, RequestFault
 from services.common.serving import ServingState, State
 from services.generation import wire
 from services.generation.outbox import Outbox
@@ -79,12 +80,16 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._steps: collections.deque[StepOutput] = collections.deque()  # engine thread -> loop
+        # Building one request's frames fails that request alone; the engine's boundary once attached.
+        self.boundary = FaultBoundary("generation", log)
         self._drain_scheduled = False
 
     # -- engine side --------------------------------------------------------------------------
 
     def attach(self, engine, loop: asyncio.AbstractEventLoop) -> None:
         self.engine, self._loop = engine, loop
+        engine.boundary.inject = engine.boundary.inject or self.boundary.inject
+        self.boundary = engine.boundary  # one count of request faults per process (ConductorStatus)
         self.serving.on_change(self._on_serving_change)
 
     def _on_serving_change(self, state: ServingState) -> None:  # any thread
@@ -127,20 +132,43 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
             if hop_trace.ON:
                 for r in rows:
                     hop_trace.mark("gen_dispatch", r.key[1], r.index, out.step)
+            # Each request's part of the frames is its own work: a fault there fails that request
+            # alone (services/common/fault_boundary.py), the rest of the step is delivered.
+            faults = []
+            if any(r.logprobs is not None for r in rows):
+                entries = self.boundary.each("output", [r.key for r in rows],
+                                             lambda idx, rows=rows: [wire.logprobs_entry(rows[i].logprobs) for i in idx])
+                faults = [e for e in entries if isinstance(e, RequestFault)]
+                kept = [(r, e) for r, e in zip(rows, entries, strict=True) if not isinstance(e, RequestFault)]
+                rows, entries = [r for r, _ in kept], [e for _, e in kept]
+            else:
+                entries = None
             prefilling = [request_id for request_id in prefilling if request_id in stream.active]
             others = [wire.heartbeat(out.step, prefilling, out.num_batched_tokens)] if prefilling else []
-            others.extend(wire.result_tensors(t) for t in tensors if t.key[1] in stream.active)
+            for t in tensors:
+                if t.key[1] in stream.active:
+                    frame = self.boundary.call("output", t.key, wire.result_tensors, t)
+                    faults.append(frame) if isinstance(frame, RequestFault) else others.append(frame)
             for request_id, to_frame, item in ends:
-                if request_id in stream.active:
+                if request_id in stream.active and not any(f.key[1] == request_id for f in faults):
                     stream.active.discard(request_id)
-                    others.append(to_frame(item))
+                    frame = self.boundary.call("output", item.key, to_frame, item)
+                    if isinstance(frame, RequestFault):
+                        frame = wire.request_failed(request_id, frame.error)
+                    others.append(frame)
                     _end_span(stream.spans.pop(request_id, None), item)
+            for fault in faults:  # the request is still running in the engine: end it there too
+                if fault.key[1] in stream.active:
+                    stream.active.discard(fault.key[1])
+                    others.append(wire.request_failed(fault.key[1], fault.error))
+                    _end_span(stream.spans.pop(fault.key[1], None), None, fault.error)
+                    self.engine.abort(fault.key)
             if not rows and not others:
                 continue
             size = sum(len(r.key[1]) + 16 for r in rows) + sum(f.ByteSize() for f in others)
             response = stream.outbox.join(size, bool(rows) + len(others))
             if rows:  # built in place: no copy of the step's biggest frame
-                wire.add_result_tokens(response, out.step, rows, out.num_batched_tokens)
+                wire.add_result_tokens(response, out.step, rows, out.num_batched_tokens, entries)
             response.frames.extend(others)
         if hop_trace.ON and (out.completed or out.failed):
             hop_trace.flush()

@@ -21,6 +21,7 @@ KINDS = {
     "rejections": COUNTER,
     "requests_finished": COUNTER,
     "requests_failed": COUNTER,
+    "request_faults": COUNTER,  # requests failed by a fault in their own work (the fault boundary)
     "generated_tokens": COUNTER,
     "batched_tokens": COUNTER,
     "grammar_compiles_in_flight": GAUGE,  # structured-output grammars being compiled now
@@ -55,6 +56,7 @@ class EngineStats:
             "rejections": self.num_rejections,
             "requests_finished": self.num_finished,
             "requests_failed": self.num_failed,
+            "request_faults": sum(engine.boundary.num_faults.values()),
             "generated_tokens": self.num_generated_tokens,
             "batched_tokens": self.num_batched_tokens_total,
         }

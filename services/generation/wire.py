@@ -18,6 +18,7 @@ from services.generation.outputs import (
     Failure,
     TensorEvent,
     TokenEvent,
+    TokenLogprobs,
 )
 from services.generation.sampling_params import Embedding, SamplingParams
 from services.generation.stats import COUNTER, KINDS
@@ -86,10 +87,21 @@ def append_of(msg: pb.ClientAppend) -> tuple[list[int], bool]:
     return token_ids_of(msg.chunks, "chunks"), pb.MODALITY_TOKENS in msg.ends
 
 
+def logprobs_entry(lp: TokenLogprobs | None) -> pb.TokenLogprobs:
+    """One row's ResultTokens.logprobs entry (empty where the row did not ask for logprobs)."""
+    entry = pb.TokenLogprobs()
+    if lp is not None:
+        entry.logprob = lp.logprob
+        entry.top_token_ids.extend(lp.top_token_ids)
+        entry.top_logprobs.extend(lp.top_logprobs)
+    return entry
+
+
 def add_result_tokens(response: gen_pb2.StreamResponse, step: int, rows: list[TokenEvent],
-                      num_batched_tokens: int) -> None:
+                      num_batched_tokens: int, logprobs: list[pb.TokenLogprobs] | None = None) -> None:
     """One step's ResultTokens, appended to `response` and filled in place (building a frame and
-    then adding it would copy it: at a fast step, that copy was a tenth of the writer's time)."""
+    then adding it would copy it: at a fast step, that copy was a tenth of the writer's time).
+    logprobs: one entry per row (logprobs_entry), or None when no row asked for logprobs."""
     frame = response.frames.add().result_tokens
     frame.step = step
     frame.request_ids.extend([r.key[1] for r in rows])
@@ -98,14 +110,10 @@ def add_result_tokens(response: gen_pb2.StreamResponse, step: int, rows: list[To
     frame.signal = gen_pb2.SIGNAL_STEP
     frame.modality = pb.MODALITY_TOKENS
     frame.metadata["batch_tokens"] = str(num_batched_tokens)
-    if any(r.logprobs is not None for r in rows):
-        for r in rows:
-            lp = r.logprobs
-            entry = frame.logprobs.add()
-            if lp is not None:
-                entry.logprob = lp.logprob
-                entry.top_token_ids.extend(lp.top_token_ids)
-                entry.top_logprobs.extend(lp.top_logprobs)
+    if logprobs is None and any(r.logprobs is not None for r in rows):
+        logprobs = [logprobs_entry(r.logprobs) for r in rows]
+    if logprobs:
+        frame.logprobs.extend(logprobs)
 
 
 def heartbeat(step: int, request_ids: list[str], num_batched_tokens: int) -> gen_pb2.ServerFrame:

@@ -10,7 +10,7 @@ from services.common import errors
 from services.common.serving import ServingState
 from services.generation import outbox
 from services.generation.outputs import StepOutput, TokenEvent
-from services.generation.sampler import TokenLogprobs
+from services.generation.outputs import TokenLogprobs
 from services.generation.servicer import GenerationServicer, _Stream
 
 
