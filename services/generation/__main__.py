@@ -69,8 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-batched-tokens", type=int, default=512)
     p.add_argument("--long-prefill-token-threshold", type=int, default=None,
-                   help="prefill fairness: while shorter prompts wait, a long prefill's chunk is cut to no fewer "
-                        "than this many tokens and they get the rest of the step (services/generation/scheduler.py); "
+                   help="prefill fairness: while shorter prompts wait, a long prefill's chunk is capped at this "
+                        "many tokens and they get the rest of the step (services/generation/scheduler.py); "
                         "default: half of --max-batched-tokens; 0: first come, first served")
     p.add_argument("--status-interval-ms", type=int, default=0, help="ConductorStatus period; 0 = off")
     p.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)

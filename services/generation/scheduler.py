@@ -6,14 +6,16 @@ blocks allow. A decode takes one token. A prefill (a prompt, a chunk of a long o
 streamed input) takes what is left of the budget, minus what it leaves for the sequences behind
 it (running, or waiting with a seat free):
 - one token for each decode, so a long prefill never stalls a stream;
-- fairness: up to ``max_num_batched_tokens - long_prefill_token_threshold`` tokens for the
-  prefills behind it that have fewer tokens left than it has. A short chat that arrives while a
-  6k-token prompt prefills is admitted in the next step and gets its first token at once, instead
-  of waiting for the whole prompt; the long prefill still computes at least the threshold (less one
-  token a decode) every step, so any number of short arrivals cannot starve it; and it yields
-  only what the shorter ones can use, so the step stays full. Equal or longer prefills behind it
-  are not served before it (first come, first served among them: sharing would only delay both).
-  Threshold 0 turns this off (every prefill takes what is left: first come, first served).
+- fairness: while prefills with fewer tokens left than it wait behind it, its chunk is capped at
+  ``long_prefill_token_threshold`` tokens and they get up to the rest of the budget. A short chat
+  that arrives while a 6k-token prompt prefills is admitted in the next step and gets its first
+  token in it, instead of after the whole prompt; and that step is about half as long as a full
+  chunk (on CPU a step's time grows with its tokens, and a chunk deep into a long prompt is the
+  dearest kind), so the short chat waits about one chunk's time. The long prefill still computes
+  the threshold (less a token a decode) every step, so any number of short arrivals cannot starve
+  it, and on CPU it loses little: its tokens cost the same per token in a smaller step. Equal or
+  longer prefills behind it are not interleaved (first come, first served among them: sharing
+  would only delay both). Threshold 0 turns this off (every prefill takes what is left).
 When a running sequence needs a block and none is free, the newest running sequence
 is preempted: its blocks go back (their prefix hashes stay, so the recompute often hits the cache)
 and it waits at the head of the queue to recompute its prompt + output later.
@@ -33,17 +35,17 @@ from services.generation.sequence import Sequence, SequenceStatus
 class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
-    # The fewest tokens a prefill's chunk is cut to while shorter prefills wait behind it (the
-    # module's docstring); None: half the budget; 0: never cut (first come, first served).
+    # A prefill's chunk while shorter prefills wait behind it (the module's docstring); None: half
+    # the budget; 0 or the budget: no cap (first come, first served).
     long_prefill_token_threshold: int | None = None
 
     @property
-    def fairness_share(self) -> int:
-        """Tokens of a step a prefill leaves, at most, for shorter prefills behind it."""
+    def fairness_cap(self) -> int | None:
+        """The resolved threshold, or None when it caps nothing."""
         threshold = self.long_prefill_token_threshold
         if threshold is None:
             threshold = self.max_num_batched_tokens // 2
-        return self.max_num_batched_tokens - threshold if 0 < threshold < self.max_num_batched_tokens else 0
+        return threshold if 0 < threshold < self.max_num_batched_tokens else None
 
 
 @dataclass
@@ -72,7 +74,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0  # cumulative
-        self._fairness_share = config.fairness_share
+        self._cap = config.fairness_cap
 
     @property
     def num_unfinished(self) -> int:
@@ -136,7 +138,10 @@ class Scheduler:
                 decodes += 1
             elif behind < need:
                 shorter += behind
-        return max(0, min(need, budget - decodes - min(shorter, self._fairness_share)))
+        limit = budget - decodes
+        if shorter and self._cap is not None:
+            limit = min(limit - min(shorter, self.config.max_num_batched_tokens - self._cap), self._cap)
+        return max(0, min(need, limit))
 
     def _make_room(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
         """Preempt from the tail until seq's next n tokens fit. False if seq itself had to go."""

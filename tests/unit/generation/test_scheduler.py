@@ -115,7 +115,8 @@ def test_requests_that_never_fit_are_rejected_at_admission(tiny_checkpoint, num_
 
 
 # Fairness between prefills (scheduler.py's docstring): a short prompt that arrives while a long
-# one prefills starts in the next step; the long one keeps the threshold's worth of every step.
+# one prefills starts in the next step, beside a chunk capped at the threshold; the long one keeps
+# the threshold's worth of every step.
 
 
 def fair_scheduler(threshold=None, budget=64, max_num_seqs=16, num_blocks=256):
@@ -136,8 +137,8 @@ def test_a_short_prompt_arriving_during_a_long_prefill_is_admitted_in_the_next_s
     assert step(sched) == {0: 64}
     short = seq(10, 1)
     sched.add(short)
-    assert step(sched) == {0: 54, 1: 10}  # the step stays full; the short one samples its first token
-    assert short.num_output_tokens == 1 and long.num_computed_tokens == 118
+    assert step(sched) == {0: 32, 1: 10}  # the long chunk capped; the short one samples its first token
+    assert short.num_output_tokens == 1 and long.num_computed_tokens == 96
     assert step(sched) == {0: 63, 1: 1}  # now a decode: one token, the long prefill the rest
 
 
@@ -157,7 +158,7 @@ def test_without_the_threshold_the_short_prompt_waits_for_the_whole_long_prefill
 
 
 def test_a_long_prefill_yields_at_most_the_share_and_keeps_the_threshold():
-    sched = fair_scheduler(threshold=40)  # share 24
+    sched = fair_scheduler(threshold=40)  # the others get up to 24
     long = seq(600, 0)
     sched.add(long)
     step(sched)
@@ -165,7 +166,7 @@ def test_a_long_prefill_yields_at_most_the_share_and_keeps_the_threshold():
         sched.add(seq(20, i))  # 60 tokens want in: 24 of them a step, in arrival order
     assert step(sched) == {0: 40, 1: 20, 2: 4}
     assert step(sched) == {0: 39, 1: 1, 2: 16, 3: 8}  # 1 decodes: its token is not taken from the share
-    assert step(sched) == {0: 50, 1: 1, 2: 1, 3: 12} and long.num_computed_tokens == 64 + 40 + 39 + 50
+    assert step(sched) == {0: 40, 1: 1, 2: 1, 3: 12} and long.num_computed_tokens == 64 + 40 + 39 + 40
 
 
 def test_many_short_arrivals_cannot_starve_the_long_prefill():
@@ -217,7 +218,7 @@ def test_a_long_and_a_short_arriving_together_start_in_the_same_step():
     long, short = seq(600, 0), seq(10, 1)
     sched.add(long)
     sched.add(short)
-    assert step(sched) == {0: 54, 1: 10}
+    assert step(sched) == {0: 32, 1: 10}
     assert short.num_output_tokens == 1
 
 
@@ -231,9 +232,9 @@ def test_no_free_seat_means_nothing_to_yield_to():
     assert sched.waiting[0] is short
 
 
-@pytest.mark.parametrize(("threshold", "share"), [(None, 256), (384, 128), (0, 0), (512, 0), (4096, 0)])
-def test_fairness_share_follows_the_threshold(threshold, share):
-    assert SchedulerConfig(64, 512, threshold).fairness_share == share
+@pytest.mark.parametrize(("threshold", "cap"), [(None, 256), (384, 384), (0, None), (512, None), (4096, None)])
+def test_the_fairness_cap_follows_the_threshold(threshold, cap):
+    assert SchedulerConfig(64, 512, threshold).fairness_cap == cap
 
 
 def test_a_negative_threshold_is_refused():
