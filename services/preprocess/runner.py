@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 
 from services.common.contract import declared
@@ -44,6 +45,39 @@ from services.preprocess.request import Accepted, AppendSpec, Event, RequestSpec
 from services.preprocess.request_run import Deps, InputBudget, RequestRun
 
 _MAX_MESSAGES = declared("mstar.v1.PreprocessInput", "messages").max_items
+# A Cancel by id may overtake the start it is about: they are two calls, maybe on two connections,
+# and nothing orders them (Envoy, peers). A cancel for an id that is not running is remembered this
+# long, and a start under that id arriving meanwhile ends at once, cancelled, instead of running to
+# its deadline (issue 28: 35 of 200 in a cancel storm). An id that ended within that time is not
+# remembered: a late cancel of a finished request must not cancel the id's next use.
+_CANCEL_AHEAD_S = 10.0
+_REMEMBERED_IDS = 10_000  # each of the two id memories holds at most this many (oldest go first)
+
+
+class _RecentIds:
+    """Ids noted within the last `ttl_s` seconds (at most `limit` of them, the newest)."""
+
+    def __init__(self, ttl_s: float, limit: int) -> None:
+        self._ttl_s = ttl_s
+        self._limit = limit
+        self._noted: OrderedDict[str, float] = OrderedDict()  # id -> when, oldest first
+
+    def add(self, request_id: str) -> None:
+        self._noted.pop(request_id, None)
+        self._noted[request_id] = time.monotonic()
+        expired = time.monotonic() - self._ttl_s
+        while self._noted and (len(self._noted) > self._limit or next(iter(self._noted.values())) < expired):
+            self._noted.popitem(last=False)
+
+    def __contains__(self, request_id: str) -> bool:
+        noted = self._noted.get(request_id)
+        return noted is not None and time.monotonic() - noted < self._ttl_s
+
+    def pop(self, request_id: str) -> bool:
+        """Whether `request_id` was noted (and still is); it is forgotten either way."""
+        found = request_id in self
+        self._noted.pop(request_id, None)
+        return found
 
 
 class RequestRunner:
@@ -54,6 +88,8 @@ class RequestRunner:
         self.state = state  # the process's one serving state: new requests start only when ready
         self.metrics = metrics or PreprocessMetrics()  # unserved unless __main__ passes a served one
         self._runs: dict[str, RequestRun] = {}
+        self._cancelled_ahead = _RecentIds(_CANCEL_AHEAD_S, _REMEMBERED_IDS)  # cancels that came first
+        self._ended = _RecentIds(_CANCEL_AHEAD_S, _REMEMBERED_IDS)
         self._accept_until = 0.0  # draining, but still taking new requests until then (drain())
 
     @property
@@ -89,9 +125,15 @@ class RequestRunner:
         return run
 
     def cancel(self, request_id: str) -> bool:
-        """Stop a running request (it ends with finish reason cancelled); False if not running."""
+        """Stop a running request (it ends with finish reason cancelled); False if not running.
+        An id that is not running and did not just end is remembered: its start may still be on
+        the way, and then begins cancelled (_CANCEL_AHEAD_S)."""
         run = self._runs.get(request_id)
-        return bool(run and run.cancel())
+        if run is None:
+            if request_id not in self._ended:
+                self._cancelled_ahead.add(request_id)
+            return False
+        return run.cancel()
 
     def check_model(self, model: str) -> None:
         """`model` must be empty, "default" or the served model's name (404 otherwise)."""
@@ -140,6 +182,8 @@ class RequestRunner:
             raise
         self.metrics.on_preprocessed(time.perf_counter() - started)
         self._runs[spec.request_id] = run
+        if self._cancelled_ahead.pop(spec.request_id):
+            run.cancel()  # the client's cancel came first: the request ends cancelled, as if it came next
         return run, accepted
 
     def _check_cost(self, spec: RequestSpec) -> None:
@@ -161,6 +205,7 @@ class RequestRunner:
     def _end(self, run: RequestRun) -> None:
         if self._runs.get(run.request_id) is run:
             del self._runs[run.request_id]
+            self._ended.add(run.request_id)
             if (open_s := run.input_open_s) is not None:
                 self.metrics.on_input_closed(open_s)
         run.close()

@@ -221,10 +221,11 @@ class InferenceServicer(HttpRoutes, api_grpc.InferenceServiceServicer):
             except MstarError as err:
                 await outbox.put(Failed("", err))
                 return
-            if self.runner.find(message.cancel.request_id) is not None:
-                self.runner.cancel(message.cancel.request_id)
-            else:  # started through another replica
-                await self.peers.cancel(api.CancelRequest(request_id=message.cancel.request_id))
+            request_id = message.cancel.request_id
+            if self.runner.find(request_id) is None:  # started through another replica, or not yet
+                if (await self.peers.cancel(api.CancelRequest(request_id=request_id))).cancelled:
+                    return
+            self.runner.cancel(request_id)  # not running anywhere: remembered, its start may be on the way
 
     def _is_free_id(self, request_id: str) -> bool:
         return (0 < len(request_id) <= _ID.max_len and re.fullmatch(_ID.pattern, request_id) is not None
@@ -249,9 +250,13 @@ class InferenceServicer(HttpRoutes, api_grpc.InferenceServiceServicer):
             await errors.abort(context, err)
         if self.runner.find(request.request_id) is None and not peers.is_forwarded(context):
             try:
-                return await self.peers.cancel(request)  # the owner's answer (cancelled: false if none)
+                answer = await self.peers.cancel(request)  # the owner's answer (cancelled: false if none)
             except MstarError as err:
                 await errors.abort(context, err)
+            if answer.cancelled:
+                return answer
+        # Here, or nowhere yet: a cancel that overtook its start is remembered (RequestRunner.cancel),
+        # and a start that arrived while the peers were asked is cancelled now.
         return api.CancelResponse(request_id=request.request_id, cancelled=self.runner.cancel(request.request_id))
 
     async def ListModels(self, request: api.ListModelsRequest, context) -> api.ListModelsResponse:

@@ -204,6 +204,58 @@ def test_r04_abort_at_random_moments_one_terminal_each(rig, total):
     rig.check_recovered()
 
 
+def test_r04_cancel_storm_right_after_submission_leaves_nothing_running(rig):
+    """200 streams with client-chosen ids, each cancelled a random moment (0-20 ms) after it was
+    sent: by gRPC Cancel, by HTTP `:cancel` or by the client going away. A cancel by id travels on
+    another call and may reach preprocess before the start does (issue 28: 35 of 200 found nothing
+    to cancel, and their requests ran to the deadline). Every one must end cancelled, none at its
+    deadline, and the engine must go idle. 32 in flight at a time: within the client's admission
+    share, so every start is admitted and races its cancel."""
+    rng = random.Random(28)
+    total, deadline_s = 200, 10.0  # a storm ends in a few seconds; a lost cancel runs to the deadline
+    in_flight = asyncio.Semaphore(32)
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(rig.grpc) as channel, \
+                httpx.AsyncClient(base_url=rig.http, timeout=deadline_s) as http:
+            stub = api_grpc.InferenceServiceStub(channel)
+
+            async def one(i: int):
+                async with in_flight:
+                    return await cancelled_soon(i)
+
+            async def cancelled_soon(i: int):
+                how = rng.choice(["grpc", "http", "disconnect"])
+                delay = rng.choice([0.0, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02])
+                start = probe.text_input(max_tokens=LONG, ignore_eos=True)
+                start.request_id = f"storm-{i}"
+                call = stub.GenerateStream(api.GenerateStreamRequest(input=start), timeout=deadline_s)
+                record = asyncio.create_task(probe.collect_stream(call))
+                await asyncio.sleep(delay)
+                if how == "grpc":
+                    await stub.Cancel(api.CancelRequest(request_id=start.request_id))
+                elif how == "http":
+                    assert (await http.post(f"/v1/requests/{start.request_id}:cancel", json={})).status_code == 200
+                else:
+                    call.cancel()
+                return how, await record
+
+            return await asyncio.gather(*(one(i) for i in range(total)))
+
+    results = rig.run(scenario(), timeout_s=12 * deadline_s)
+    hung = [(how, r.status, r.events[-2:]) for how, r in results
+            if r.status == grpc.StatusCode.DEADLINE_EXCEEDED or (r.complete is None and r.status is None)]
+    assert not hung, f"{len(hung)} of {total} requests outlived their cancel: {hung[:5]}"
+    for how, record in results:
+        if how == "disconnect":
+            assert record.status == grpc.StatusCode.CANCELLED or record.complete is not None, record
+        else:
+            record.assert_one_terminal()
+            assert record.complete is not None, (how, record.events[-2:], record.status, record.failed)
+            assert record.complete.finish_reason == pb.FINISH_REASON_CANCELLED, (how, record.events[-2:])
+    rig.check_recovered()
+
+
 def test_r05_duplicate_id_refused_and_reuse_after_abort_not_crossed(rig):
     async def scenario():
         async with grpc.aio.insecure_channel(rig.grpc) as channel:

@@ -198,6 +198,31 @@ def test_client_cancel_aborts_generation(fake_stack):
     assert fake_stack.servicer.num_running == 0
 
 
+def test_a_cancel_that_overtakes_its_start_still_cancels_it(fake_stack):
+    """A Cancel by id and the start it is about are two calls nothing orders (issue 28: in a storm
+    some cancels came first, found nothing, and the request ran to its deadline). The cancel is
+    remembered: the start that follows ends at once, cancelled; the next start under the id runs."""
+    stub = fake_stack.stub
+    assert not stub.Cancel(api.CancelRequest(request_id="early-1")).cancelled  # nothing runs yet
+    start = _input(max_tokens=5000)
+    start.request_id = "early-1"
+    events = list(stub.GenerateStream(api.GenerateStreamRequest(input=start), timeout=10))
+    assert events[0].accepted.request_id == "early-1"
+    assert events[-1].complete.finish_reason == pb.FINISH_REASON_CANCELLED, events[-1]
+    start.model_kwargs.sampling.max_tokens = 3
+    again = stub.Generate(api.GenerateRequest(input=start), timeout=10)
+    assert again.complete.finish_reason == pb.FINISH_REASON_LENGTH
+
+
+def test_a_late_cancel_of_a_finished_request_spares_the_ids_next_use(fake_stack):
+    start = _input(max_tokens=3)
+    start.request_id = "done-1"
+    assert fake_stack.stub.Generate(api.GenerateRequest(input=start), timeout=10).complete.usage.completion_tokens == 3
+    assert not fake_stack.stub.Cancel(api.CancelRequest(request_id="done-1")).cancelled
+    reused = fake_stack.stub.Generate(api.GenerateRequest(input=start), timeout=10)
+    assert reused.complete.finish_reason == pb.FINISH_REASON_LENGTH and reused.complete.usage.completion_tokens == 3
+
+
 def test_deadline_exceeded_aborts_generation(fake_stack):
     with pytest.raises(grpc.RpcError) as info:
         fake_stack.stub.Generate(api.GenerateRequest(input=_input(max_tokens=5000)), timeout=0.3)
