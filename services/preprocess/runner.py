@@ -219,17 +219,23 @@ class RunScope:
         self.runner = runner
         self.client = client
         self.budget = InputBudget(runner.deps.limits)
+        # What the call's requests were told on admission (Accepted.warnings, e.g. a clamped
+        # max_tokens), each once, in order: the HTTP adapter sends them as Warning headers.
+        self.warnings: list[str] = []
         self._streams: set[RunStream] = set()
         self._closed = False
         self._timer: asyncio.TimerHandle | None = None
 
     def run(self, spec: RequestSpec) -> RunStream:
-        stream = RunStream(self.runner, spec, self.budget, self.client, self._streams.discard)
+        stream = RunStream(self.runner, spec, self.budget, self.client, self._streams.discard, self._note)
         if self._closed:  # the call already ended (e.g. its deadline passed before the handler ran)
             stream.close(cancelled("the call ended before the request started"))
         else:
             self._streams.add(stream)
         return stream
+
+    def _note(self, accepted: Accepted) -> None:
+        self.warnings += [w for w in accepted.warnings if w not in self.warnings]
 
     def close_after(self, seconds: float | None) -> None:
         """Close every stream of the call at its deadline even if nothing else does: grpc.aio does
@@ -252,12 +258,13 @@ class RunStream:
     """One request as an async iterator of domain events (see the module docstring)."""
 
     def __init__(self, runner: RequestRunner, spec: RequestSpec, budget: InputBudget, client: str,
-                 on_close) -> None:
+                 on_close, on_accepted=lambda accepted: None) -> None:
         self.spec = spec
         self._runner = runner
         self._budget = budget
         self._client = client
         self._on_close = on_close
+        self._on_accepted = on_accepted
         self._run: RequestRun | None = None
         self._events: AsyncIterator[Event] | None = None
         self._closed = False
@@ -283,6 +290,7 @@ class RunStream:
                 self.close()
                 raise
             self._events = self._runner.metrics.observe(self._run.events(), self.request_id, self.spec.surface)
+            self._on_accepted(accepted)
             return accepted
         assert self._events is not None
         try:
