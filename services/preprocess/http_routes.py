@@ -9,24 +9,34 @@ deadline all end the requests the call started) and that carries the call's clie
 admission) and input budget (charged with the body on arrival), sends the first frame's headers as initial
 metadata (Envoy turns them into response headers) and turns an error raised before the first
 frame into the call's status (Envoy maps the code to the HTTP status; the per-route Lua filter
-gives the body the API's own error shape).
+gives the body the API's own error shape). What a call's requests were told on admission (a
+clamped max_tokens) goes out as Warning headers with the first frame.
+
+The native RPCs' HTTP routes are here too (GenerateJson, ...): their body arrives raw so that an
+unknown field is an error, not dropped (native_json.py), becomes the typed request, and runs the
+typed RPC, whose messages the transcoder prints.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
 from google.api import httpbody_pb2
+from mstar.v1 import inference_service_pb2 as api
 
 from services.common import contract, errors
-from services.preprocess import call
+from services.preprocess import call, json_array, native_json, wire
+from services.preprocess import limits as caps
+from services.preprocess.request import Failed
 from services.preprocess.runner import RequestRunner
 from services.preprocess.surfaces.anthropic import endpoints as anthropic
 from services.preprocess.surfaces.http import Frame, HttpRequest
 from services.preprocess.surfaces.openai import embeddings
 from services.preprocess.surfaces.openai import endpoints as openai
+from services.preprocess.surfaces.openai.fanout import merged
 from services.preprocess.surfaces.responses.endpoints import ResponsesApi
 from services.preprocess.surfaces.vllm import endpoints as vllm
 
@@ -35,6 +45,32 @@ log = logging.getLogger(__name__)
 Endpoint = Callable[..., AsyncIterator[Frame]]
 # Request headers a surface may read (gRPC metadata keys are lower-case).
 _HEADERS = ("anthropic-version", "anthropic-beta", "openai-organization", "openai-project", "x-request-id")
+
+
+def warning_headers(warnings) -> tuple[tuple[str, str], ...]:
+    """What the requests were told on admission (a clamped max_tokens) as HTTP Warning headers,
+    RFC 7234 style: `299 - "max_tokens clamped to 1790"` (299: a persistent warning). The
+    native API has its own `warnings` field too; an HTTP surface has no other place for them."""
+    out = []
+    for text in warnings:
+        quoted = text.encode("ascii", "replace").decode().replace("\\", "\\\\").replace('"', '\\"')
+        out.append(("warning", f'299 - "{quoted}"'))
+    return tuple(out)
+
+
+class _HeldHeaders:
+    """A unary call's context whose initial metadata waits for the response (a typed RPC sends
+    its headers just before it returns), so that the response's Warning headers can join them."""
+
+    def __init__(self, context) -> None:
+        self._context = context
+        self.headers: tuple[tuple[str, str], ...] = ()
+
+    def __getattr__(self, name: str):
+        return getattr(self._context, name)
+
+    async def send_initial_metadata(self, metadata) -> None:
+        self.headers = tuple(metadata)
 
 
 class HttpRoutes:
@@ -54,8 +90,9 @@ class HttpRoutes:
             scope.budget.charge(len(body), is_append=False)  # on arrival, before any work
             async with aclosing(endpoint(req, scope, *args)) as frames:
                 async for frame in frames:
-                    if not sent and frame.headers:
-                        await context.send_initial_metadata(frame.headers)
+                    headers = frame.headers + warning_headers(scope.warnings)
+                    if not sent and headers:
+                        await context.send_initial_metadata(headers)
                     sent = True
                     yield httpbody_pb2.HttpBody(content_type=frame.content_type, data=frame.data)
         except errors.MstarError as err:
@@ -77,6 +114,80 @@ class HttpRoutes:
                 return frame
         raise errors.internal("the endpoint produced no response")
 
+    # ---- native RPCs for HTTP/JSON clients
+
+    async def _read_json(self, context, body: bytes, message, root: str) -> None:
+        try:
+            native_json.body_message(body, message, root)
+        except errors.MstarError as err:
+            await errors.abort(context, err)
+
+    async def GenerateJson(self, request, context):
+        typed = api.GenerateRequest()
+        await self._read_json(context, request.data, typed.input, "input")
+        held = _HeldHeaders(context)
+        response = await self.Generate(typed, held)
+        headers = held.headers + warning_headers(response.complete.warnings)
+        if headers:
+            await context.send_initial_metadata(headers)
+        return response
+
+    async def GenerateStreamJson(self, request, context):
+        typed = api.GenerateStreamRequest()
+        await self._read_json(context, request.data, typed.input, "input")
+        async with aclosing(self.GenerateStream(typed, context)) as events:
+            async for event in events:
+                if event.HasField("accepted") and event.accepted.warnings:  # the first event
+                    await context.send_initial_metadata(warning_headers(event.accepted.warnings))
+                yield event
+
+    async def SessionJson(self, request_iterator, context):
+        refusals: asyncio.Queue = asyncio.Queue()
+        element_cap = self.runner.deps.limits.max_input_bytes  # a whole stream's input
+
+        async def actions():
+            elements = json_array.ArrayElements(element_cap)
+            try:
+                async for piece in request_iterator:
+                    for raw in elements.feed(piece.data):
+                        try:
+                            yield native_json.body_message(raw, api.SessionRequest(), "")
+                        except errors.MstarError as err:  # refused like any action; the session goes on
+                            await refusals.put(wire.session_event(Failed("", err)))
+                elements.end()
+            except json_array.TooLarge as exc:
+                raise caps.input_caps_error(str(exc)) from None
+            except ValueError as exc:  # not a JSON array: nothing after this point can be read
+                raise errors.invalid_argument("body", f"a session body {exc}", reason="INVALID_JSON") from None
+            finally:
+                await refusals.put(None)
+
+        async def refused():
+            while (event := await refusals.get()) is not None:
+                yield event
+
+        async with aclosing(merged([self.Session(actions(), context), refused()])) as events:
+            async for _, event in events:
+                yield event
+
+    async def AppendJson(self, request, context):
+        typed = api.AppendRequest()
+        await self._read_json(context, request.body.data, typed.append, "append")
+        if typed.append.request_id not in ("", request.request_id):
+            await errors.abort(context, errors.invalid_argument(
+                "append.request_id", "must be the request id in the path, or absent"))
+        typed.append.request_id = request.request_id
+        return await self.Append(typed, context)
+
+    async def CancelJson(self, request, context):
+        typed = api.CancelRequest()
+        await self._read_json(context, request.body.data, typed, "")
+        if typed.request_id not in ("", request.request_id):
+            await errors.abort(context, errors.invalid_argument(
+                "request_id", "must be the request id in the path, or absent"))
+        typed.request_id = request.request_id
+        return await self.Cancel(typed, context)
+
     # ---- OpenAI
 
     async def CreateChatCompletion(self, request, context):
@@ -88,8 +199,8 @@ class HttpRoutes:
             yield out
 
     async def CreateEmbedding(self, request, context):
-        return await self._unary(embeddings.create_embedding, context, body=request.data,
-                                 content_type=request.content_type)
+        async for out in self._stream(embeddings.create_embedding, context, request.data, request.content_type):
+            yield out
 
     async def ListOpenAIModels(self, request, context):
         return await self._unary(openai.list_models, context, args=(self.created,))

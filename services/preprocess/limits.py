@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from services.common.errors import MstarError, invalid_argument, quote, renamed, resource_exhausted
-from services.common.sampling_fields import EMBEDDINGS, FIELDS, public_name
+from services.common.sampling_fields import EMBEDDINGS, FIELDS, NATIVE, public_name, scheme_of
 from services.common.structured_output import ConstraintError, StructuredOutput, validate_structured_output
 from services.preprocess.request import EmbeddingSpec, Sampling
 
@@ -45,7 +45,7 @@ def validate_sampling(s: Sampling, limits: Limits, vocab_size: int, surface: str
     (services/common/sampling_fields.py): the contract's declared bounds, then server policy."""
 
     def name(field: str) -> str:
-        return public_name(field, surface)
+        return sent_name(s, field, surface)
 
     for f in FIELDS.values():
         value = getattr(s, f.name)
@@ -73,6 +73,15 @@ def validate_sampling(s: Sampling, limits: Limits, vocab_size: int, surface: str
     for i, token in enumerate(s.stop_token_ids):
         if not 0 <= token < vocab_size:
             raise invalid_argument(f"{name('stop_token_ids')}[{i}]", f"must be in [0, {vocab_size})")
+
+
+def sent_name(s: Sampling, field: str, surface: str, bare: bool = False) -> str:
+    """How the client named sampling field `field`: the alias it sent (Sampling.spelled), else
+    the surface's own name for it (services/common/sampling_fields.py). `bare`: a native name
+    without its path (`max_tokens`, as the native API's warnings have always said)."""
+    if bare and scheme_of(surface) == NATIVE:
+        return field
+    return dict(s.spelled).get(field) or public_name(field, surface)
 
 
 def validate_constraint(c: StructuredOutput | None, renames: tuple[tuple[str, str], ...]) -> None:
@@ -113,14 +122,15 @@ def check_embedding(e: EmbeddingSpec, hidden_size: int, surface: str) -> None:
 
 
 def effective_max_tokens(
-    requested: int | None, prompt_tokens: int, context_length: int, limits: Limits
+    requested: int | None, prompt_tokens: int, context_length: int, limits: Limits, field: str = "max_tokens"
 ) -> tuple[int, tuple[str, ...]]:
-    """max_tokens after the clamp policy, and the warnings to report."""
+    """max_tokens after the clamp policy, and the warnings to report (naming `field`, the
+    client's own name for it: `max_output_tokens` on Responses)."""
     room = min(context_length - prompt_tokens, limits.max_tokens_cap)
     if requested is None:
         return min(room, limits.default_max_tokens or room), ()
     if requested > room:
-        return room, (f"max_tokens clamped to {room}",)
+        return room, (f"{field} clamped to {room}",)
     return requested, ()
 
 

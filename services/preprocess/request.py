@@ -52,6 +52,10 @@ class Sampling:
     include_stop: bool = False
     n: int | None = None
     structured_output: StructuredOutput | None = None  # None = free text
+    # The alias the client sent where a field has several public names (OpenAI chat's
+    # `max_tokens` for `max_completion_tokens`): (field, public name) pairs, so an error or a
+    # warning names the field the client wrote (surfaces/fields.py sets it).
+    spelled: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

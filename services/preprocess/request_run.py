@@ -149,6 +149,7 @@ class RequestRun:
                 self.prompt_tokens if self.input_done else 0,
                 d.model.context_length,
                 d.limits,
+                caps.sent_name(s.sampling, "max_tokens", s.surface, bare=True),  # the warning names the client's field
             )
         self._ticket = d.admission.admit(self.prompt_tokens, self.client, input_open=not self.input_done)
         try:

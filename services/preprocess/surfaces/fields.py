@@ -68,17 +68,20 @@ def sampling_of(body: Any, surface: str, **given: Any) -> Sampling:
     """The domain Sampling of a parsed body: every field the table lists for `surface`, read
     under its public name(s); `given` sets fields the surface derives itself (e.g. a default)."""
     values: dict[str, Any] = {}
+    spelled = []
     for f in FIELDS.values():
-        value = None
+        value, sent = None, None
         names = f.public_names(surface)
         for public in names:
             got = getattr(body, public, None)
             if got is None:
                 continue
             if value is not None and got != value:
-                raise field_error(public, f"conflicts with {names[0]}; send only one")
-            value = got
+                raise field_error(public, f"conflicts with {sent}; send only one")
+            value, sent = got, sent or public
         if value is not None:
             values[f.name] = tuple(value) if f.repeated else value
+            if sent != names[0]:  # an alias: errors and warnings name what the client sent
+                spelled.append((f.name, sent))
     values.update({k: v for k, v in given.items() if v is not None})
-    return replace(Sampling(), **values)
+    return replace(Sampling(), **values, spelled=tuple(spelled))

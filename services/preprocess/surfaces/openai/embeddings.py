@@ -8,7 +8,10 @@ with generation traffic, and a long list never takes more than its client's admi
 first failure ends the call (the other inputs are cancelled, their KV blocks freed) with that
 input's error. The response lists one unit-length embedding per input, in input order, as JSON
 numbers (`encoding_format: float`) or base64 of the float32 little-endian bytes (`base64`, what the
-official client asks for by default); `usage.prompt_tokens` sums the inputs' tokens.
+official client asks for by default); `usage.prompt_tokens` sums the inputs' tokens. Its body is
+sent in frames of about FRAME_BYTES (each its own gRPC message; Envoy passes them on as one body):
+2,048 vectors as JSON numbers are ~25 MB for a 576-wide model, more than one gRPC message may
+carry, and the body grows with the model's width.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from array import array
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
 from typing import Annotated, Any, Literal
 
@@ -30,17 +33,19 @@ from services.preprocess.request import TOKENS, Complete, EmbeddingSpec, Failed,
 from services.preprocess.runner import RunScope
 from services.preprocess.surfaces import fields
 from services.preprocess.surfaces.http import (
+    JSON,
     Body,
     Frame,
     HttpRequest,
     Ignored,
+    dumps,
     field_error,
-    json_frame,
     parse,
 )
 
 MAX_INPUTS = 2048  # OpenAI's documented limit on the input array
 WINDOW = 16  # inputs of one call in flight at once
+FRAME_BYTES = 1024 * 1024  # a response frame is cut after the embedding that reaches this size
 INT32_MAX = 2**31 - 1
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 _SHAPES = "a string, an array of strings, an array of token ids or an array of token-id arrays"
@@ -116,11 +121,25 @@ async def create_embedding(req: HttpRequest, runs: RunScope) -> AsyncIterator[Fr
                          upload_bytes=len(req.body) if i == 0 else 0, surface=EMBEDDINGS)
              for i, ids in enumerate(prompts)]
     results = await _run_all(specs, runs)
-    data = [{"object": "embedding", "index": i, "embedding": _encode(tensor, body.encoding_format)}
-            for i, tensor in enumerate(results)]
     used = sum(len(ids) for ids in prompts)
-    yield json_frame({"object": "list", "data": data, "model": body.model or model.name,
-                      "usage": {"prompt_tokens": used, "total_tokens": used}})
+    tail = {"model": body.model or model.name, "usage": {"prompt_tokens": used, "total_tokens": used}}
+    for frame in _frames(results, body.encoding_format, tail):
+        yield frame
+
+
+def _frames(results: list[Tensor], encoding_format: str, tail: dict) -> Iterator[Frame]:
+    """The list object `{"object": "list", "data": [...], **tail}` as frames of about FRAME_BYTES,
+    encoded one frame at a time (the event loop runs between two)."""
+    piece, size = [b'{"object":"list","data":['], 0
+    for i, tensor in enumerate(results):
+        entry = dumps({"object": "embedding", "index": i, "embedding": _encode(tensor, encoding_format)})
+        piece.append(entry if i == 0 else b"," + entry)
+        size += len(entry) + 1
+        if size >= FRAME_BYTES:
+            yield Frame(b"".join(piece), JSON)
+            piece, size = [], 0
+    piece.append(b"]," + dumps(tail)[1:])  # the tail's members close the object
+    yield Frame(b"".join(piece), JSON)
 
 
 def _token_ids(body: EmbeddingBody, i: int, item: str | list[int], runs: RunScope) -> list[int]:
