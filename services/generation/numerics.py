@@ -7,7 +7,8 @@ Defaults follow the peers (llama.cpp, vLLM, TGI), each choice with its reason in
     matmul with int8 activations, as llama.cpp does; activations elsewhere fp32; the KV cache bf16
     (llama.cpp's is f16 by default): half the bytes of the largest allocation, read by the fused
     attention op in fp32. Other tensors (norms, Q6_K, ...) are dense.
-  * HF safetensors: bf16 where the CPU computes bf16 natively (avx512_bf16 or AMX), else fp32.
+  * HF safetensors: bf16 where the CPU computes bf16 natively (avx512_bf16 or AMX), else fp32: the
+    one default that reads the CPU, through its flags (detect_cpu_flags, $MSTAR_CPU_FLAGS).
   * CUDA: bf16 and the Triton kernels; GGUF blocks are dequantized (no CUDA block kernel here).
   * ``--dtype float32 --quantization none`` on CPU is the exact Hugging Face oracle: the plain
     reference kernels, eager, token-identical to transformers (tests/unit/generation/test_parity.py).
@@ -21,6 +22,7 @@ reference kernels with dense weights, and the log line says why.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +32,7 @@ from services.generation.weights.checkpoint import Checkpoint
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 QUANTIZATIONS = ("auto", "gguf", "none")
 KERNELS = ("auto", "cpu", "reference", "triton")
+CPU_FLAGS_ENV = "MSTAR_CPU_FLAGS"  # replaces /proc/cpuinfo's flags for the defaults (detect_cpu_flags)
 
 
 @dataclass(frozen=True)
@@ -65,15 +68,25 @@ class Numerics:
                 f"KV cache {kv}, {self.kernels} kernels, {mode} ({self.reason})")
 
 
-def cpu_has_native_bf16(flags: str | None = None) -> bool:
-    """avx512_bf16 or AMX: the CPU multiplies bf16 in hardware (else bf16 matmuls are emulated, slower than fp32)."""
-    if flags is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                flags = next((line for line in f if line.startswith("flags")), "")
-        except OSError:
-            flags = ""
-    found = set(flags.split())
+def detect_cpu_flags() -> str:
+    """This CPU's feature flags as /proc/cpuinfo lists them ("" where it cannot be read), or
+    $MSTAR_CPU_FLAGS when set: the defaults of another CPU (tests pin it so that nothing they compare
+    depends on the machine, and run the bf16 branch on CPUs without bf16). The kernel build never
+    reads it: kernels/cpu/library.py compiles for the real CPU."""
+    if CPU_FLAGS_ENV in os.environ:
+        return os.environ[CPU_FLAGS_ENV]
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
+    return line.partition(":")[2].strip()
+
+
+def has_native_bf16(cpu_flags: str) -> bool:
+    """avx512_bf16 or AMX among the flags: the CPU multiplies bf16 in hardware (else bf16 matmuls are
+    emulated, slower than fp32)."""
+    found = set(cpu_flags.split())
     return "avx512_bf16" in found or "amx_bf16" in found
 
 
@@ -104,9 +117,10 @@ def choose(
     kv_cache_dtype: str = "auto",
     cpu_kernels_error: Exception | None = None,
 ) -> Numerics:
-    """The numerics for this checkpoint on this machine. cpu_kernels_error: why kernels/cpu cannot
-    load here (None: it can); callers pass kernels.cpu.load_error(). Raises ValueError for
-    impossible explicit choices, naming the fix."""
+    """The numerics for this checkpoint on this machine. cpu_flags: the CPU's feature flags, the only
+    thing a default reads about the CPU (None: detect_cpu_flags()). cpu_kernels_error: why
+    kernels/cpu cannot load here (None: it can); callers pass kernels.cpu.load_error(). Raises
+    ValueError for impossible explicit choices, naming the fix."""
     if dtype not in ("auto", *DTYPES):
         raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}")
     if quantization not in QUANTIZATIONS:
@@ -154,7 +168,7 @@ def choose(
         act = DTYPES[dtype]
     elif quantized or kind == "reference":
         act = torch.float32
-    elif cpu_has_native_bf16(cpu_flags):
+    elif has_native_bf16(detect_cpu_flags() if cpu_flags is None else cpu_flags):
         act = torch.bfloat16
         reasons.append("CPU has native bf16 (avx512_bf16/AMX)")
     else:

@@ -8,6 +8,7 @@ import logging
 import pytest
 import torch
 
+from services.generation import numerics
 from services.generation.model_runner import ModelRunner, RunnerConfig
 from services.generation.numerics import choose
 from services.generation.threads import default_threads, usable_cpus
@@ -15,8 +16,9 @@ from services.generation.weights.blocks import BlockWeight
 from services.generation.weights.checkpoint import Checkpoint
 from services.generation.weights.random_init import TINY, random_checkpoint
 
-BF16_CPU = "flags : fpu avx2 avx512f avx512_bf16 avx512_vnni"
-PLAIN_CPU = "flags : fpu avx2 avx512f avx512_vnni"
+BF16_CPU = "fpu avx2 avx512f avx512_bf16 avx512_vnni"
+AMX_CPU = "fpu avx2 avx512f avx512_vnni amx_bf16 amx_tile"
+PLAIN_CPU = "fpu avx2 avx512f avx512_vnni"
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +61,34 @@ def test_the_kv_cache_follows_the_activations_unless_told(hf_checkpoint, gguf_ch
         choose(gguf_checkpoint, kv_cache_dtype="fp8")
 
 
-@pytest.mark.parametrize(("flags", "dtype"), [(BF16_CPU, torch.bfloat16), (PLAIN_CPU, torch.float32)])
+@pytest.mark.parametrize(("flags", "dtype"), [(BF16_CPU, torch.bfloat16), (AMX_CPU, torch.bfloat16),
+                                            (PLAIN_CPU, torch.float32), ("", torch.float32)])
 def test_hf_weights_serve_in_bf16_only_where_the_cpu_has_it(hf_checkpoint, flags, dtype):
     n = choose(hf_checkpoint, cpu_flags=flags)
     assert (n.quantized, n.kernels, n.dtype) == (False, "cpu", dtype)
     assert ("native bf16" if dtype == torch.bfloat16 else "no native bf16") in n.reason
+    assert numerics.has_native_bf16(flags) == (dtype == torch.bfloat16)
+
+
+@pytest.mark.parametrize("flags", [BF16_CPU, PLAIN_CPU])
+def test_no_other_default_reads_the_cpu(hf_checkpoint, gguf_checkpoint, flags):
+    """Only HF weights' activations follow the flags: a GGUF's numerics and the oracle are the same on every CPU."""
+    assert choose(gguf_checkpoint, cpu_flags=flags) == choose(gguf_checkpoint, cpu_flags="")
+    for checkpoint in (hf_checkpoint, gguf_checkpoint):
+        oracle = choose(checkpoint, dtype="float32", quantization="none", cpu_flags=flags)
+        assert oracle == choose(checkpoint, dtype="float32", quantization="none", cpu_flags="")
+        assert (oracle.dtype, oracle.kv_cache_dtype) == (torch.float32, torch.float32)
+
+
+def test_the_flags_come_from_cpuinfo_unless_pinned(hf_checkpoint, monkeypatch):
+    monkeypatch.setenv(numerics.CPU_FLAGS_ENV, BF16_CPU)  # what the runner's choose(cpu_flags=None) reads
+    assert numerics.detect_cpu_flags() == BF16_CPU and choose(hf_checkpoint).dtype == torch.bfloat16
+    monkeypatch.setenv(numerics.CPU_FLAGS_ENV, "")
+    assert choose(hf_checkpoint).dtype == torch.float32
+    monkeypatch.delenv(numerics.CPU_FLAGS_ENV)
+    with open("/proc/cpuinfo") as f:
+        line = next(line for line in f if line.startswith("flags"))
+    assert numerics.detect_cpu_flags().split() == line.split(":", 1)[1].split()
 
 
 @pytest.mark.parametrize("fixture", ["hf_checkpoint", "gguf_checkpoint"])

@@ -78,8 +78,8 @@ def test_default_numerics_serve_the_codes_close_to_the_dense_model(tiny_gguf):
     assert isinstance(quantized.model.blocks[0].attention.qkv_proj, Quantized)
     assert isinstance(quantized.model.blocks[-1].ffn.down_proj, Quantized)
     assert isinstance(quantized.model.lm_head, Dense)  # F32 in this file: served dense
-    dense = runner(checkpoint, quantization="none")
-    assert isinstance(dense.model.blocks[0].attention.qkv_proj, Dense)
+    dense = runner(checkpoint, dtype="float32", quantization="none")  # the fp32 oracle: never the CPU's bf16
+    assert isinstance(dense.model.blocks[0].attention.qkv_proj, Dense) and dense.dtype == torch.float32
     ids = list(range(3, 60))
     reference = teacher_forced_logits(dense, ids)
     for chunk in (None, 1):  # one 57-row prefill step, then decode-sized steps
