@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Union, get_args
@@ -222,10 +223,53 @@ def json_frame(obj: Any, headers: tuple[tuple[str, str], ...] = ()) -> Frame:
     return Frame(dumps(obj), JSON, headers)
 
 
+# The response headers of every SSE stream (each SSE frame carries them; the first frame's
+# become the response's). `no-cache`: no cache may store or replay a stream (OpenAI and vLLM send
+# it too). `X-Accel-Buffering: no`: nginx, ingress-nginx included, buffers proxied responses by
+# default and would hold events back until its buffer fills; this turns that off for the response,
+# and every other proxy ignores it.
+SSE_HEADERS = (("cache-control", "no-cache"), ("x-accel-buffering", "no"))
+
+
+def sse_frame(data: bytes) -> Frame:
+    """Bytes of an SSE stream, already framed (an event, a comment, OpenAI's `[DONE]`)."""
+    return Frame(data, SSE, SSE_HEADERS)
+
+
 def sse(obj: Any, event: str | None = None) -> Frame:
     """One Server-Sent Event: `event: <name>` (Anthropic, Responses) when given, then `data:`."""
     head = b"event: " + event.encode() + b"\n" if event else b""
-    return Frame(head + b"data: " + dumps(obj) + b"\n\n", SSE)
+    return sse_frame(head + b"data: " + dumps(obj) + b"\n\n")
 
 
-SSE_COMMENT_KEEPALIVE = Frame(b": keep-alive\n\n", SSE)
+SSE_COMMENT_KEEPALIVE = sse_frame(b": keep-alive\n\n")
+
+
+class KeepAlivePacer:
+    """Keeps an SSE stream from going silent while its request works, in the surface's own form
+    (`frame`: an SSE comment, Anthropic's `ping` event).
+
+    The run sends a KeepAlive event whenever the engine is silent for the keep-alive interval
+    (queued, a slow step) or only prefilled the request in a step; each becomes a keep-alive. A
+    surface can also take in events for a long time without writing a byte (the tool-call parser
+    holds a call's text until the call is complete): every other event that writes nothing gets a
+    keep-alive once the stream has been silent for the interval.
+    """
+
+    def __init__(self, interval_s: float, frame: Frame, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.frame = frame
+        self._clock = clock
+        self._last = clock()
+
+    def pace(self, frames: list[Frame], keepalive: bool = False) -> list[Frame]:
+        """What to write for one event: its own frames; else a keep-alive for a KeepAlive event
+        (`keepalive`) or once the stream has been silent for the interval; else nothing."""
+        now = self._clock()
+        if frames:
+            self._last = now
+            return frames
+        if keepalive or now - self._last >= self.interval_s:
+            self._last = now
+            return [self.frame]
+        return []

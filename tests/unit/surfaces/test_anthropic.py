@@ -36,7 +36,7 @@ def echo_text(runner, messages, max_tokens):
 
 
 def test_stream_golden_event_sequence():
-    out = render.MessageStream("default")
+    out = render.MessageStream("default", 30.0)
     script = [
         Accepted("r1", "", prompt_tokens=9, max_tokens=16),
         KeepAlive("r1"),
@@ -51,13 +51,29 @@ def test_stream_golden_event_sequence():
     assert out.ended
 
 
-def test_stream_error_after_start_is_an_error_event_and_ends_the_stream():
-    out = render.MessageStream("m")
-    out.on_event(Accepted("r", "", 1, 1))
+def test_stream_error_after_start_is_an_error_event_then_the_end_with_the_usage_so_far():
+    out = render.MessageStream("m", 30.0)
+    out.on_event(Accepted("r", "", 1, 8))
+    out.on_event(Chunk("r", 0, "Hi", (5, 6)))
+    out.on_event(Chunk("r", 1, "", (7,)))  # a token with no text of its own yet still counts
     frames = out.on_event(Failed("r", MstarError(Code.UNAVAILABLE, "BACKEND_UNAVAILABLE", "backend lost")))
     assert [(e, d) for e, d in sse_events(frames)] == [
-        ("error", {"type": "error", "error": {"type": "overloaded_error", "message": "backend lost"}})]
+        ("error", {"type": "error", "error": {"type": "overloaded_error", "message": "backend lost"}}),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": None, "stop_sequence": None},
+                           "usage": {"output_tokens": 3}}),
+        ("message_stop", {"type": "message_stop"})]
     assert out.ended
+
+
+def test_stream_cancelled_is_an_error_event_then_the_end():
+    out = render.MessageStream("m", 30.0)
+    out.on_event(Accepted("r", "", 4, 8))
+    frames = out.on_event(Complete("r", "cancelled", "", prompt_tokens=4, cached_prompt_tokens=0,
+                                   completion_tokens=2, chunks=1))
+    names = [e for e, _ in sse_events(frames)]
+    assert names == ["error", "content_block_stop", "message_delta", "message_stop"]
+    assert sse_events(frames)[2][1]["usage"] == {"output_tokens": 2}
 
 
 @pytest.mark.parametrize(("reason", "stop", "expected"), [

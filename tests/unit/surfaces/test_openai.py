@@ -181,7 +181,7 @@ def test_chat_stream_golden_event_sequence():
 
 
     out = Choices(chat=True, n=1, stream=True, include_usage=True, logprobs=False, model="default",
-                  token_text=str, token_bytes=bytes)
+                  token_text=str, token_bytes=bytes, keepalive_s=30.0)
     out.env.created = 1700000000
     script = [Accepted("r1", "", 9, 16), KeepAlive("r1"), Chunk("r1", 0, "Hello", (1,)), Chunk("r1", 1, " there", (2,)),
               Complete("r1", "stop", "", prompt_tokens=9, cached_prompt_tokens=4, completion_tokens=2, chunks=2,

@@ -43,7 +43,7 @@ def echo(runner, messages, n):
 def test_stream_golden_event_sequence():
     state = ResponseState("resp_r1", "msg_r1", 1700000000, "default", "Be brief.", 16, 0.0, None, True, None,
                           {"k": "v"})
-    out = ResponseStream(state)
+    out = ResponseStream(state, 30.0)
     frames = out.start() + out.delta("Hello") + out.delta(" there")
     state.finish(Complete("r1", "stop", "", prompt_tokens=9, cached_prompt_tokens=4, completion_tokens=3, chunks=2))
     frames += out.end()

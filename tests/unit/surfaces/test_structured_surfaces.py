@@ -125,7 +125,7 @@ def script(pieces, finish="stop"):
 
 def run_choices(stream, pieces, finish="stop"):
     out = Choices(chat=True, n=1, stream=stream, include_usage=False, logprobs=False, model="m",
-                  token_text=str, token_bytes=bytes, tool_calls=True)
+                  token_text=str, token_bytes=bytes, keepalive_s=30.0, tool_calls=True)
     frames = [f for e in script(pieces, finish) for f in out.on_event(0, e)] + out.end()
     return sse_events(frames) if stream else json.loads(frames[0].data)
 
@@ -157,7 +157,7 @@ def test_anthropic_tool_use_blocks_streamed_and_not():
     assert msg["content"][0] == {"type": "text", "text": "Sure. "}
     assert msg["content"][1]["type"] == "tool_use" and msg["content"][1]["input"] == {"city": "Paris"}
     assert msg["content"][1]["id"].startswith("toolu_")
-    out = anthropic_render.MessageStream("m", tool_calls=True)
+    out = anthropic_render.MessageStream("m", 30.0, tool_calls=True)
     frames = [f for e in script(["Sure. ", CALL]) for f in out.on_event(e)]
     events = [d for _, d in sse_events(frames) if d["type"] != "ping"]
     kinds = [(e["type"], e.get("index")) for e in events]
@@ -177,7 +177,7 @@ def test_responses_function_call_items_streamed_and_not():
                              previous_response_id=None, metadata={}, parser=tools.CallStream())
 
     s = state()
-    out = ResponseStream(s)
+    out = ResponseStream(s, 30.0)
     frames = out.start() + out.delta("Sure. ") + out.delta(CALL)
     s.finish(script([])[-1])
     events = [d for _, d in sse_events(frames + out.end())]
@@ -194,7 +194,7 @@ def test_responses_function_call_items_streamed_and_not():
     assert output[1]["name"] == "get_weather" and json.loads(output[1]["arguments"]) == {"city": "Paris"}
     assert output[1]["call_id"].startswith("call_") and events[5]["output_index"] == 1
     only_call = state()
-    ResponseStream(only_call).delta(CALL)
+    ResponseStream(only_call, 30.0).delta(CALL)
     only_call.finish(script([])[-1])
     assert [o["type"] for o in only_call.object()["output"]] == ["function_call"]
 

@@ -86,7 +86,7 @@ async def create_message(req: HttpRequest, runs: RunScope) -> AsyncIterator[Fram
     async with aclosing(stream):
         accepted = await anext(stream)  # validation and admission errors: a real HTTP status
         if body.stream:
-            out = render.MessageStream(body.model, tool_calls=body.uses_tools)
+            out = render.MessageStream(body.model, runs.runner.deps.keepalive_s, tool_calls=body.uses_tools)
             for frame in out.on_event(accepted):
                 yield frame
             async for event in stream:

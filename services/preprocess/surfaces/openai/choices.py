@@ -1,7 +1,8 @@
 """The choices of one OpenAI request: domain events in, SSE frames or one JSON body out.
 
 Streaming: the first chat delta carries `role: "assistant"`, every choice ends with an empty
-delta carrying its `finish_reason`, `: keep-alive` comments fill waits, and with
+delta carrying its `finish_reason`, `: keep-alive` comments fill every silence (http.py
+KeepAlivePacer: queued, prefilling, a slow step, a tool call held until complete), and with
 `stream_options.include_usage` every chunk has `"usage": null` and a last chunk with
 `choices: []` carries the usage. Non-streamed: one response object once every choice ended.
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from services.common.errors import MstarError
 from services.common.metrics import request_timings
 from services.preprocess.request import Accepted, Chunk, Complete, Failed, KeepAlive
-from services.preprocess.surfaces.http import SSE_COMMENT_KEEPALIVE, Frame, json_frame, sse
+from services.preprocess.surfaces.http import SSE_COMMENT_KEEPALIVE, Frame, KeepAlivePacer, json_frame, sse
 from services.preprocess.surfaces.openai import render
 from services.preprocess.surfaces.openai.render import Envelope, TokenLogprob
 from services.preprocess.tools import CallStream, ToolCall
@@ -52,8 +53,9 @@ def token_logprobs(chunk: Chunk) -> list[TokenLogprob]:
 class Choices:
     def __init__(self, *, chat: bool, n: int, stream: bool, include_usage: bool, logprobs: bool,
                  model: str, token_text: Callable[[int], str], token_bytes: Callable[[int], bytes],
-                 tool_calls: bool = False) -> None:
+                 keepalive_s: float, tool_calls: bool = False) -> None:
         self.stream = stream
+        self.keepalives = KeepAlivePacer(keepalive_s, SSE_COMMENT_KEEPALIVE)
         self.include_usage = include_usage
         self.with_logprobs = logprobs
         self.token_text = token_text
@@ -65,14 +67,17 @@ class Choices:
         self.first_complete: Complete | None = None  # choice 0's (timing headers)
 
     def on_event(self, index: int, event) -> list[Frame]:
+        frames = self._frames(index, event)
+        if not self.stream or isinstance(event, Failed):  # a failure's frames are the endpoint's
+            return frames
+        return self.keepalives.pace(frames, isinstance(event, KeepAlive))
+
+    def _frames(self, index: int, event) -> list[Frame]:
         choice = self.choices[index]
         if isinstance(event, Accepted):
             if not self.env.id:  # the first admitted choice's request id names the response
                 self.env.id = self.prefix + event.request_id
             choice.prompt_tokens = event.prompt_tokens
-        elif isinstance(event, KeepAlive):
-            if self.stream:
-                return [SSE_COMMENT_KEEPALIVE]
         elif isinstance(event, Chunk):
             return self._on_chunk(index, choice, event)
         elif isinstance(event, Complete):

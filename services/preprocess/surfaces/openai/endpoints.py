@@ -86,7 +86,8 @@ async def _serve(spec: RequestSpec, body, runs: RunScope, *, chat: bool, logprob
     model = runs.runner.model
     out = Choices(chat=chat, n=n, stream=body.stream, include_usage=body.include_usage, logprobs=logprobs,
                   model=body.model or model.name, token_text=lambda t: model.tokenizer.decode([t]),
-                  token_bytes=model.tokenizer.token_bytes, tool_calls=tool_calls)
+                  token_bytes=model.tokenizer.token_bytes, keepalive_s=runs.runner.deps.keepalive_s,
+                  tool_calls=tool_calls)
     started = False
     events = merged(streams)
     try:

@@ -1,9 +1,10 @@
 """OpenAI response objects and Server-Sent-Events framing (plain dicts and bytes, no protobuf).
 
 Chunks are `data: <json>\n\n`; the stream ends with `data: [DONE]\n\n`; `: keep-alive\n\n` is an
-SSE comment (ignored by every SSE parser, including the openai client) sent while a request is
-queued or prefilling so proxies and clients see the connection is alive. A failure after the
-stream started is an in-band `data: {"error": {...}}` frame, then `[DONE]`.
+SSE comment (ignored by every SSE parser, including the openai client) written whenever the stream
+would otherwise stay silent (queued, prefilling, a slow step, a tool call held until complete) so
+proxies and clients see the connection is alive. A failure after the stream started is an in-band
+`data: {"error": {...}}` frame, then `[DONE]`.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from dataclasses import dataclass
 
 from services.common.errors import MstarError
 from services.preprocess.finish import FinishReason
-from services.preprocess.surfaces.http import SSE, Frame, sse
+from services.preprocess.surfaces.http import Frame, sse, sse_frame
 from services.preprocess.tools import ToolCall
 
-DONE = Frame(b"data: [DONE]\n\n", SSE)
+DONE = sse_frame(b"data: [DONE]\n\n")
 
 # HTTP status → OpenAI error `type`. deploy/envoy/api_errors.lua holds the same table (the Lua
 # filter reshapes errors that end the call before the first byte); a unit test keeps them equal.

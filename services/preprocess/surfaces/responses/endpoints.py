@@ -34,10 +34,10 @@ from services.common.metrics import timing_headers
 from services.common.structured_output import StructuredOutput
 from services.preprocess import client
 from services.preprocess.chat_template import ChatMessage
-from services.preprocess.request import Accepted, Chunk, Complete, Failed, KeepAlive, RequestSpec
+from services.preprocess.request import Accepted, Complete, Failed, RequestSpec
 from services.preprocess.runner import RunScope
 from services.preprocess.surfaces import fields
-from services.preprocess.surfaces.http import SSE_COMMENT_KEEPALIVE, Frame, HttpRequest, json_frame, parse
+from services.preprocess.surfaces.http import Frame, HttpRequest, json_frame, parse
 from services.preprocess.surfaces.responses.body import ROLES, NamedFunction, ResponsesBody
 from services.preprocess.surfaces.responses.render import ResponseState, ResponseStream
 from services.preprocess.surfaces.responses.store import ResponseStore, StoredResponse
@@ -82,6 +82,7 @@ class ResponsesApi:
                 instructions=body.instructions, max_output_tokens=body.max_output_tokens,
                 temperature=body.temperature, top_p=body.top_p, store=body.store,
                 previous_response_id=body.previous_response_id, metadata=dict(body.metadata or {}),
+                prompt_tokens=accepted.prompt_tokens,
                 tools=[t.model_dump(exclude_none=True) for t in body.tools or ()],
                 tool_choice=body.tool_choice.model_dump() if isinstance(body.tool_choice, NamedFunction)
                 else (body.tool_choice or ("auto" if body.tools else "none")),
@@ -95,19 +96,17 @@ class ResponsesApi:
             try:
                 if body.store:
                     await self._save(state, conversation, owner)
-                out = ResponseStream(state)
+                out = ResponseStream(state, runs.runner.deps.keepalive_s)
                 if body.stream:
                     for frame in out.start():
                         yield frame
                 async for event in stream:
-                    if isinstance(event, KeepAlive) and body.stream:
-                        yield SSE_COMMENT_KEEPALIVE
-                    elif isinstance(event, Chunk) and event.text:
-                        frames = out.delta(event.text)
+                    if not isinstance(event, Complete | Failed):
+                        frames = out.on_event(event)  # text, calls; keep-alives to fill a silence
                         if body.stream:
                             for frame in frames:
                                 yield frame
-                    elif isinstance(event, Complete | Failed):
+                    else:
                         if isinstance(event, Failed):
                             state.fail(event.error)
                         else:

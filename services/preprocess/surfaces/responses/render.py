@@ -12,7 +12,10 @@ Streaming: every event has an `event:` line, `type` and a `sequence_number` coun
     response.output_text.done, response.content_part.done, response.output_item.done
     response.completed | response.incomplete | response.failed   with the whole response
 
-While queued or prefilling the stream carries `: keep-alive` SSE comments (ignored by clients).
+Every response ends with one of those terminal events, carrying the usage: a failed one
+`response.failed` with `error` and the usage so far (the prompt, and the tokens generated before
+it failed). Whenever the stream would otherwise stay silent (queued, prefilling, a slow step, a
+tool call held until complete) it carries `: keep-alive` SSE comments (ignored by clients).
 
 With tools, the text is parsed for calls (services/preprocess/tools.py): the message item opens at
 the first text, and each call is a `function_call` item of its own (output_item.added with empty
@@ -25,8 +28,8 @@ from dataclasses import dataclass, field
 
 from services.common.errors import MstarError
 from services.preprocess.finish import FinishReason
-from services.preprocess.request import Complete
-from services.preprocess.surfaces.http import Frame, sse
+from services.preprocess.request import Chunk, Complete, KeepAlive
+from services.preprocess.surfaces.http import SSE_COMMENT_KEEPALIVE, Frame, KeepAlivePacer, sse
 from services.preprocess.tools import CallStream, ToolCall
 
 STATUS = {
@@ -54,6 +57,7 @@ class ResponseState:
     store: bool
     previous_response_id: str | None
     metadata: dict[str, str]
+    prompt_tokens: int = 0
     tools: list[dict] = field(default_factory=list)  # echoed as given
     tool_choice: str | dict = "none"
     parallel_tool_calls: bool = False
@@ -66,6 +70,7 @@ class ResponseState:
     message_open: bool = False  # whether the message item was added (streamed)
     message_position: int = 0  # calls before the message item in `output` (streamed: as it opened)
     unsent: str = ""  # text held as a possible call start until the end, not streamed yet
+    output_tokens: int = 0  # generated so far
     usage: dict | None = None
     error: dict | None = None
     incomplete_reason: str | None = None
@@ -86,11 +91,13 @@ class ResponseState:
         self.status = STATUS[done.reason]
         if done.reason is FinishReason.LENGTH:
             self.incomplete_reason = "max_output_tokens"
-        self.usage = usage(done)
+        self.usage = usage(done.prompt_tokens, done.cached_prompt_tokens, done.completion_tokens)
 
     def fail(self, err: MstarError) -> None:
+        """Failed after admission: the usage so far (the engine reports its cache hit only at the end)."""
         self.status = "failed"
         self.error = {"code": err.reason.lower() or "server_error", "message": err.message}
+        self.usage = usage(self.prompt_tokens, 0, self.output_tokens)
 
     def item(self) -> dict:
         done = self.status != "in_progress"
@@ -150,23 +157,33 @@ def output_text(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def usage(done: Complete) -> dict:
+def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict:
     return {
-        "input_tokens": done.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": done.cached_prompt_tokens},
-        "output_tokens": done.completion_tokens,
+        "input_tokens": prompt_tokens,
+        "input_tokens_details": {"cached_tokens": cached_tokens},
+        "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": done.prompt_tokens + done.completion_tokens,
+        "total_tokens": prompt_tokens + output_tokens,
     }
 
 
 class ResponseStream:
     """A ResponseState's life as SSE frames, each numbered."""
 
-    def __init__(self, state: ResponseState) -> None:
+    def __init__(self, state: ResponseState, keepalive_s: float) -> None:
         self.state = state
+        self.keepalives = KeepAlivePacer(keepalive_s, SSE_COMMENT_KEEPALIVE)
         self.items = 0  # output items added so far
         self.message_index = 0
+
+    def on_event(self, event) -> list[Frame]:
+        """An event before the terminal one: its frames, or a keep-alive to fill a silence."""
+        frames = []
+        if isinstance(event, Chunk):
+            self.state.output_tokens += len(event.token_ids)
+            if event.text:
+                frames = self.delta(event.text)
+        return self.keepalives.pace(frames, isinstance(event, KeepAlive))
 
     def _event(self, kind: str, **fields) -> Frame:
         obj = {"type": kind, "sequence_number": self.state.sequence, **fields}
