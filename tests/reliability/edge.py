@@ -62,6 +62,9 @@ def _handlers(recorder: Recorder) -> grpc.GenericRpcHandler:
             list_openai_models, api.ListOpenAIModelsRequest.FromString, httpbody_pb2.HttpBody.SerializeToString),
         "GenerateStream": grpc.unary_stream_rpc_method_handler(
             generate_stream, api.GenerateStreamRequest.FromString, api.GenerateStreamResponse.SerializeToString),
+        # POST /v1/generate_stream: the raw-body RPC (services/preprocess/native_json.py says why).
+        "GenerateStreamJson": grpc.unary_stream_rpc_method_handler(
+            generate_stream, httpbody_pb2.HttpBody.FromString, api.GenerateStreamResponse.SerializeToString),
     })
 
 
