@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import re
 from collections.abc import Callable
 
 import grpc
@@ -281,9 +282,10 @@ class GenerationBackend:
                 if request is not None:
                     code = from_code(failed.code)  # an unset code is INTERNAL, never OK
                     reason = failed.reason or code.name
-                    about = failed.message.removeprefix(f"{failed.field}: ")
+                    message = _public_message(failed.message, failed.request_id, request.request_id)
+                    about = message.removeprefix(f"{failed.field}: ")
                     violations = [FieldViolation(failed.field, about)] if failed.field else []
-                    error = MstarError(code, reason, failed.message or reason, violations,
+                    error = MstarError(code, reason, message or reason, violations,
                                        metadata={"field": failed.field} if failed.field else {})
                     if code == Code.UNAVAILABLE:  # draining or failed engine: retryable elsewhere
                         request.lost(error)
@@ -306,6 +308,13 @@ class GenerationBackend:
             request.deliver(TokenStep(frame.token_ids[i], lp))
             if hop_trace.ON:
                 hop_trace.mark("pp_recv", key, frame.loop_indices[i] if i < len(frame.loop_indices) else -1)
+
+
+def _public_message(message: str, key: str, request_id: str) -> str:
+    """The engine's message with the request named by its public id: the generation side names
+    it by our stream key, as its id on the internal contract ('r1f') or as the engine's own key
+    ((stream, 'r1f')), neither of which the client ever saw."""
+    return re.sub(rf"\(\d+, '{re.escape(key)}'\)|'{re.escape(key)}'", lambda _: f"'{request_id}'", message)
 
 
 # One StreamRequest carries at most this many frames / about this many bytes: whatever piled up

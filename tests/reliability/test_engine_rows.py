@@ -62,6 +62,56 @@ def test_r30_nan_row_fails_only_its_request(make_rig):
     _nan_row_case(make_rig(faults="nan_row_at_step=3:1", generation_args=NULL_STEP))
 
 
+def test_r30_session_failure_names_the_request_as_the_client_knows_it(make_rig):
+    """A Session whose request fails in the engine reports it under the id the client chose or was
+    told (accepted), with a message naming that id, never the internal stream key ("r1f") or the
+    engine's (stream, key) pair (issue 28: "request (0, 'r0'): the model produced non-finite
+    logits" named an id the client never saw)."""
+    rig = make_rig(faults="nan_row_at_step=3:1", generation_args=NULL_STEP)
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(rig.grpc) as channel:
+            send: asyncio.Queue = asyncio.Queue()
+
+            async def requests():
+                while (item := await send.get()) is not None:
+                    yield item
+
+            call = api_grpc.InferenceServiceStub(channel).Session(requests())
+            for i, prompt in enumerate(PROMPTS[:4]):
+                start = probe.text_input(prompt, 30, ignore_eos=True)
+                if i % 2:
+                    start.request_id = f"chosen-{i}"
+                else:
+                    start.client_request_id = f"mine-{i}"  # the server assigns the id
+                await send.put(api.SessionRequest(start=start))
+            announced: dict[str, str] = {}  # request_id -> client_request_id
+            events: list[tuple[str, object]] = []
+            armed = False
+            async for msg in call:
+                kind = msg.WhichOneof("event")
+                event = getattr(msg, kind)
+                if kind == "accepted":
+                    announced[event.request_id] = event.client_request_id
+                events.append((kind, event))
+                if len(announced) == 4 and not armed:
+                    armed = True
+                    await probe.wait_running(rig.generation, 4)
+                    rig.arm()
+                if sum(k in ("complete", "failed") for k, _ in events) == 4:
+                    await send.put(None)
+            return announced, events
+
+    announced, events = rig.run(scenario(), timeout_s=120)
+    assert sorted(announced.values()) == ["", "", "mine-0", "mine-2"], announced
+    assert {e.request_id for _, e in events} <= set(announced), [e.request_id for _, e in events]
+    failed = [e for kind, e in events if kind == "failed"]
+    assert len(failed) == 1 and failed[0].reason == "NON_FINITE_LOGITS", failed
+    assert f"'{failed[0].request_id}'" in failed[0].message, failed[0].message
+    assert "'r" not in failed[0].message.replace(f"'{failed[0].request_id}'", ""), failed[0].message
+    rig.check_recovered()
+
+
 @pytest.mark.slow
 def test_r30_nan_logits_in_the_real_model(make_rig):
     """Real model: the fault writes NaN into one row of the model's logits; the sampler's own
