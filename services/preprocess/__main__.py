@@ -88,8 +88,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "often it appends")
     p.add_argument("--grace-s", type=float, default=20.0, help="SIGTERM drain period")
     p.add_argument("--backend-stall-s", type=float, default=5.0,
-                   help="a generation replica's stream silent this long (no heartbeat) is stalled: its "
-                        "requests move to another replica (no token yet) or fail; it takes no new ones")
+                   help="a generation replica's stream silent this long (no heartbeat) is stalled: it takes "
+                        "no new requests; those it runs move to another replica (no token yet) or wait for it")
+    p.add_argument("--backend-dead-s", type=float, default=60.0,
+                   help="a generation replica's stream silent this long is given up like a broken one: its "
+                        "requests move (no token yet) or fail with UNAVAILABLE, and it reconnects")
     p.add_argument("--drain-accept-s", type=float, default=2.0,
                    help="after SIGTERM, keep taking new requests this long (health already NOT_SERVING) so a "
                         "load balancer stops sending before they are refused; Envoy needs 2 health checks")
@@ -174,7 +177,8 @@ def pool_config(args: argparse.Namespace) -> PoolConfig:
     routing = RoutingConfig(block_size=args.routing_block_size, affinity_blocks=args.routing_affinity_blocks,
                             load_margin=args.routing_load_margin, kv_weight=args.routing_kv_weight)
     return PoolConfig(routing=routing, prefix_index=args.prefix_index, resolve_interval_s=args.generation_resolve_s,
-                      max_attempts=args.failover_attempts, stall_s=args.backend_stall_s)
+                      max_attempts=args.failover_attempts, stall_s=args.backend_stall_s,
+                      dead_s=args.backend_dead_s)
 
 
 def advertised(host: str, port: int) -> str:

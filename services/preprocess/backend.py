@@ -15,10 +15,13 @@ NOT_SERVING (draining, engine failure) even while the stream is still up.
 
 A generation process that stops without closing anything (SIGSTOP, a frozen host, a partition)
 breaks no connection and reports nothing. The stream asks for a ConductorStatus every
-`heartbeat_s`; when nothing at all arrives for `stall_s`, the backend is unhealthy (GENERATION
-_STALLED): the requests in flight are aborted there (so a generation that wakes up frees them)
-and `lost` like on a broken stream, new ones are refused, and the backend is unhealthy until the
-next frame from the stream.
+`heartbeat_s`; when nothing at all arrives for `stall_s`, the backend is *stalled*
+(BACKEND_STALLED) until the next frame: it takes no new requests (they go to another replica or
+are refused, UNAVAILABLE with a retry delay), and its requests in flight are `stalled`: those the
+retry rule lets move now (no token yet, another replica serving) move, the others wait, since a
+frozen process usually resumes and then finishes them. A request's deadline still ends it. A
+stream silent for `dead_s` is given up like a broken one (reconnect; its requests are lost as
+above), so a request without a deadline never waits for a process that never resumes.
 
 Health changes go to `on_health`: the replica pool, which reports the process's dependency
 "generation" (services/common/serving.py) for all replicas together.
@@ -72,6 +75,7 @@ class GenerationBackend:
         on_status: Callable[[gen_pb2.ConductorStatus], None] | None = None,
         heartbeat_s: float = 0.5,
         stall_s: float = 5.0,
+        dead_s: float = 60.0,
     ) -> None:
         self.target = target
         self._queue_size = queue_size
@@ -81,6 +85,7 @@ class GenerationBackend:
         self._on_status = on_status
         self._heartbeat_s = heartbeat_s
         self._stall_s = stall_s
+        self._dead_s = max(dead_s, stall_s)
         self._status_metadata = (("mstar-status-interval-ms", str(max(1, round(heartbeat_s * 1000)))),)
         self._requests: dict[str, BackendRequest] = {}
         self._outbox: asyncio.Queue[gen_pb2.ClientFrame | None] | None = None
@@ -199,23 +204,33 @@ class GenerationBackend:
                 outbox: asyncio.Queue[gen_pb2.ClientFrame | None] = asyncio.Queue()
                 self._outbox = outbox
                 call = gen_grpc.GenerationServiceStub(channel).Stream(_frames(outbox), metadata=self._status_metadata)
-                self._last_frame = asyncio.get_running_loop().time()
-                self.numerics = wire.numerics_of(await call.initial_metadata())
-                tasks = [asyncio.create_task(self._watch(health)), asyncio.create_task(self._watch_silence())]
-                self._set(connected=True, remote_serving=True, silent=False)
-                self.connected.set()
-                backoff = 0.05
-                async for response in call:
-                    self._last_frame = asyncio.get_running_loop().time()
-                    if self._silent:
-                        log.info("generation backend speaks again", extra={"target": self.target})
-                        self._set(silent=False)
-                    self._dispatch(response)
+                loop = asyncio.get_running_loop()
+                self._last_frame = loop.time()
+                # Silent for dead_s: given up like a broken stream (TimeoutError), whatever keepalive
+                # makes of it (a stopped process's kernel keeps the connection up: a 40 s SIGSTOP
+                # broke nothing).
+                async with asyncio.timeout_at(self._last_frame + self._dead_s) as silence:
+                    self.numerics = wire.numerics_of(await call.initial_metadata())
+                    tasks = [asyncio.create_task(self._watch(health)), asyncio.create_task(self._watch_silence())]
+                    self._set(connected=True, remote_serving=True, silent=False)
+                    self.connected.set()
+                    backoff = 0.05
+                    async for response in call:
+                        self._last_frame = now = loop.time()
+                        if silence.when() - now < self._dead_s - min(1.0, self._dead_s / 10):  # cheap: seldom
+                            silence.reschedule(now + self._dead_s)
+                        if self._silent:
+                            log.info("generation backend speaks again", extra={"target": self.target})
+                            self._set(silent=False)
+                        self._dispatch(response)
                 log.warning("generation stream ended by the server", extra={"target": self.target})
             except (grpc.RpcError, TimeoutError, ConnectionError, OSError) as exc:
-                log.warning(
-                    "generation backend connection failed", extra={"target": self.target, "error": repr(exc)}
-                )
+                if isinstance(exc, TimeoutError) and self._connected:
+                    log.error("generation backend silent too long: giving its stream up",
+                              extra={"target": self.target, "silent_s": self._dead_s})
+                else:
+                    log.warning("generation backend connection failed",
+                                extra={"target": self.target, "error": repr(exc)})
             finally:
                 self._outbox = None
                 self.connected.clear()
@@ -237,21 +252,21 @@ class GenerationBackend:
 
     async def _watch_silence(self) -> None:
         """A stream that stays up but carries nothing (not even the heartbeat status) for stall_s
-        belongs to a frozen process: fail what waits on it now instead of at its deadline."""
+        belongs to a frozen process: shed new work at once, and let its requests move elsewhere
+        (if they may) or wait for it to resume (the module docstring)."""
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(min(self._heartbeat_s, self._stall_s / 4))
             silent_for = loop.time() - self._last_frame
             if silent_for > self._stall_s and not self._silent:
-                log.error("generation backend silent: failing its requests",
+                log.error("generation backend silent: no new requests until it speaks again",
                           extra={"target": self.target, "silent_s": round(silent_for, 3),
                                  "requests": len(self._requests)})
                 self._set(silent=True)
                 error = unavailable(f"the generation service sent nothing for {silent_for:.1f} s",
                                     reason="BACKEND_STALLED")
                 for request in list(self._requests.values()):
-                    request.detach("generation stalled")  # a generation that wakes up frees it
-                    request.lost(error)
+                    request.stalled(error)
 
     def _fail_all(self, error: MstarError) -> None:
         requests, self._requests = self._requests, {}

@@ -29,12 +29,12 @@ if TYPE_CHECKING:
 class BackendRequest:
     """One request's handle on the generation side: its event queue, append and abort.
 
-    The handle outlives the stream it started on. When that stream breaks (or goes silent, or the
-    engine ends the request with UNAVAILABLE), `lost` offers it to the `failover` hook (set by the
-    replica pool). The contract's retry rule allows running it again only if no token came back
-    yet (`tokens_received`); then the pool re-submits it, with every prompt token received so
-    far, on another replica under a new key, and the reader of `queue` never notices. Otherwise
-    it fails.
+    The handle outlives the stream it started on. When that stream breaks (or the engine ends the
+    request with UNAVAILABLE), `lost` offers it to the `failover` hook (set by the replica pool).
+    The contract's retry rule allows running it again only if no token came back yet
+    (`tokens_received`); then the pool re-submits it, with every prompt token received so far, on
+    another replica under a new key, and the reader of `queue` never notices. Otherwise it fails.
+    When the stream only goes silent (`stalled`), a request that cannot move keeps waiting.
     """
 
     def __init__(
@@ -52,7 +52,8 @@ class BackendRequest:
         self.backend: GenerationBackend | None = None  # the stream of the current attempt
         self.key = ""  # the short per-stream key of the current attempt ("r1f")
         self.tried: list[str] = []  # replica addresses of every attempt, first to current
-        self.failover: Callable[[BackendRequest, MstarError], bool] | None = None
+        # (request, error, may_stay) -> moved; may_stay: not moving is no failure (a silent replica)
+        self.failover: Callable[[BackendRequest, MstarError, bool], bool] | None = None
         self.tokens_received = False
         # queue_size events at most, plus one slot kept for the request's terminal event, so a
         # reader that is behind still gets every token and then the finish, never a finish alone.
@@ -103,9 +104,20 @@ class BackendRequest:
         UNAVAILABLE): run it elsewhere if the failover hook can, else fail it with `error`."""
         if self.ended:
             return
-        if self.failover is not None and self.failover(self, error):
+        if self.failover is not None and self.failover(self, error, False):
             return
         self.deliver(BackendFailed(error))
+
+    def stalled(self, error: MstarError) -> None:
+        """The current replica went silent (a frozen process): move to another one if the retry
+        rule allows it now, else stay and wait for this one to speak again (a deadline, or the
+        stream breaking, still ends the request)."""
+        if self.ended or self.failover is None:
+            return
+        backend, key = self.backend, self.key
+        if self.failover(self, error, True) and backend is not None and backend.forget(key):
+            # Read when (if) the frozen replica resumes: it frees what it held for this attempt.
+            backend.send(gen_pb2.ClientFrame(abort=gen_pb2.Abort(request_id=key, reason="moved: replica stalled")))
 
     def deliver(self, event: BackendEvent) -> None:
         """Queue an event; a request whose reader fell `queue_size` events behind is failed

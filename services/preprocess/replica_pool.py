@@ -17,7 +17,8 @@
 - **Failover** (the contract's retry rule): a request lost by its replica (stream broke, or
   RequestFailed UNAVAILABLE: draining, engine failure) before any token came back is re-submitted
   on another SERVING replica it has not tried, at most `max_attempts` times in all, with every
-  prompt token received so far; its reader never notices. Others fail with UNAVAILABLE.
+  prompt token received so far; its reader never notices. Others fail with UNAVAILABLE. A replica
+  that only went silent (stalled) moves those it can the same way; the others wait for it.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class PoolConfig:
     prefix_index: bool = True  # off: rendezvous + load bound only
     resolve_interval_s: float = 5.0
     heartbeat_s: float = 0.5  # ConductorStatus period asked of every replica (load, and liveness)
-    stall_s: float = 5.0  # a replica's stream silent this long is stalled: its requests are lost
+    stall_s: float = 5.0  # a replica's stream silent this long is stalled: no new requests go there
+    dead_s: float = 60.0  # ... and this long, given up like a broken stream (its requests are lost)
     max_attempts: int = 3  # replicas one request may be tried on (first + failovers)
     queue_size: int = 1024
     connect_timeout_s: float = 2.0
@@ -141,7 +143,9 @@ class ReplicaPool:
         self.events.routed(decision.address, reason or decision.reason)
         return True
 
-    def _failover(self, request: BackendRequest, error: MstarError) -> bool:
+    def _failover(self, request: BackendRequest, error: MstarError, may_stay: bool = False) -> bool:
+        """Re-submit `request` elsewhere if the retry rule allows; whether it moved. `may_stay`:
+        its replica is only silent, and the request waits there if it cannot move (not a failure)."""
         lost_on = request.tried[-1] if request.tried else ""
         moved = (
             not request.tokens_received  # the contract's retry rule: no ResultTokens row yet
@@ -149,10 +153,11 @@ class ReplicaPool:
             and len(request.tried) < self.config.max_attempts
             and self._place(request, exclude=set(request.tried), reason=FAILOVER)
         )
-        self.events.failover(lost_on, moved)
-        log.info("request lost by its replica", extra={
-            "request_id": request.request_id, "replica": lost_on, "error": error.reason,
-            "moved_to": request.tried[-1] if moved else None})
+        if moved or not may_stay:
+            self.events.failover(lost_on, moved)
+            log.info("request lost by its replica", extra={
+                "request_id": request.request_id, "replica": lost_on, "error": error.reason,
+                "moved_to": request.tried[-1] if moved else None})
         return moved
 
     # ---- membership
@@ -194,7 +199,7 @@ class ReplicaPool:
             address, queue_size=c.queue_size, connect_timeout_s=c.connect_timeout_s, max_backoff_s=c.max_backoff_s,
             on_health=lambda ok: self._replica_health(holder[0], ok),
             on_status=lambda status: self._replica_status(holder[0], status),
-            heartbeat_s=c.heartbeat_s, stall_s=c.stall_s,
+            heartbeat_s=c.heartbeat_s, stall_s=c.stall_s, dead_s=c.dead_s,
         )
         replica = Replica(address, backend)
         holder.append(replica)

@@ -1,5 +1,5 @@
-"""R33-R35: a frozen generation process turns NOT_SERVING and fails fast; the launcher restarts a
-crashed service; a failed engine exits so that it can be restarted. Real processes (the Stack of
+"""R33-R35: a frozen generation process turns NOT_SERVING, sheds new requests at once and lets
+the ones in flight finish when it resumes; the launcher restarts a crashed service; a failed engine exits so that it can be restarted. Real processes (the Stack of
 `make run`), real signals, real Envoy in front."""
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import time
 import grpc
 import httpx
 import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 from mstar.v1 import inference_service_pb2 as api
 from mstar.v1 import inference_service_pb2_grpc as api_grpc
 
@@ -18,11 +20,12 @@ from services.common.serving import LIVENESS
 from services.stack.supervisor import RestartPolicy, Supervisor
 from tests.reliability import probe
 from tests.reliability.conftest import NULL_STEP
-from tests.reliability.test_engine_faults import _ended_unavailable, _fails_fast, _start_streams
+from tests.reliability.test_engine_faults import _ended_unavailable
 
 pytestmark = pytest.mark.reliability
 
 STALL_S = 1.5  # preprocess --backend-stall-s in these rigs (default 5 s)
+FREEZE_S = 4.0  # how long R33 keeps the generation stopped: stalled for the last ~2.5 s of it
 
 
 async def _envoy_health(rig, want: int, timeout_s: float) -> float:
@@ -37,44 +40,85 @@ async def _envoy_health(rig, want: int, timeout_s: float) -> float:
             await asyncio.sleep(0.05)
 
 
-def test_r33_sigstop_generation_fails_waiting_requests_fast_and_recovers_on_sigcont(make_rig, figures):
+async def _shed_with_retry_advice(rig) -> None:
+    """A new request is refused at once: by preprocess with UNAVAILABLE and a retry delay
+    (RetryInfo; refused, so Envoy may replay it on another replica), and through Envoy, which
+    stops routing to a NOT_SERVING replica, as gRPC UNAVAILABLE and HTTP 503."""
+    for target in (rig.preprocess, rig.grpc):
+        async with grpc.aio.insecure_channel(target) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await api_grpc.InferenceServiceStub(channel).Generate(
+                    api.GenerateRequest(input=probe.text_input(max_tokens=4)), timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value
+        if target == rig.preprocess:
+            details = rpc_status.from_call(info.value).details
+            assert any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in details), info.value
+    async with httpx.AsyncClient(base_url=rig.http, timeout=10) as client:
+        native = await client.post("/v1/generate", json={"text": "hi"})
+        openai = await client.post("/v1/completions", json={"model": "default", "prompt": "hi", "max_tokens": 4})
+    assert native.status_code == 503 and openai.status_code == 503, (native.text, openai.text)
+
+
+def test_r33_sigstop_sheds_new_requests_and_lets_in_flight_ones_finish_on_sigcont(make_rig, figures):
+    """A frozen generation (SIGSTOP) is stalled after --backend-stall-s: preprocess NOT_SERVING,
+    Envoy /health 503, new requests refused at once with a retry delay; the requests in flight wait
+    for it (issue 28: a 10 s freeze failed them all with BACKEND_STALLED), and after SIGCONT they
+    finish with every token, except one whose deadline passed meanwhile (DEADLINE_EXCEEDED)."""
     rig = make_rig(generation_args=NULL_STEP, preprocess_args=("--backend-stall-s", str(STALL_S)))
     generation = rig.child("generation")
+    max_tokens = 100  # 2 s at 20 ms a step: still running when the freeze starts
+
+    def stream(stub, timeout=None):
+        request = api.GenerateStreamRequest(input=probe.text_input(max_tokens=max_tokens, ignore_eos=True))
+        return stub.GenerateStream(request, timeout=timeout)
 
     async def frozen():
         async with grpc.aio.insecure_channel(rig.grpc) as channel:
-            calls = await _start_streams(api_grpc.InferenceServiceStub(channel), 3)
+            stub = api_grpc.InferenceServiceStub(channel)
+            calls = [stream(stub) for _ in range(3)] + [stream(stub, timeout=STALL_S + 1.0)]  # ends frozen
+            for call in calls:
+                assert (await call.read()).WhichOneof("event") == "accepted"
+            collected = [asyncio.create_task(probe.collect_stream(c)) for c in calls]
             generation.signal(signal.SIGSTOP)
             t0 = time.monotonic()
-            records = await asyncio.gather(*(probe.collect_stream(c) for c in calls))
-            failed_after = time.monotonic() - t0
-        not_serving_after = await probe.wait_health(rig.preprocess, probe.NOT_SERVING, timeout_s=5)
-        envoy_503_after = await _envoy_health(rig, 503, timeout_s=5)
-        t1 = time.monotonic()
-        await _fails_fast(rig, budget_s=1.0)  # new requests: UNAVAILABLE / 503, not a hang
-        return records, failed_after, not_serving_after, envoy_503_after, time.monotonic() - t1
+            try:
+                not_serving_after = await probe.wait_health(rig.preprocess, probe.NOT_SERVING, timeout_s=5)
+                envoy_503_after = await _envoy_health(rig, 503, timeout_s=5)
+                t1 = time.monotonic()
+                await _shed_with_retry_advice(rig)
+                shed_in = time.monotonic() - t1
+                # Preprocess stays live while it waits for its backend: a liveness probe must not restart it.
+                assert await probe.health(rig.preprocess, LIVENESS) == probe.SERVING
+                await asyncio.sleep(FREEZE_S - (time.monotonic() - t0))
+                assert not any(task.done() for task in collected[:3]), "a request in flight ended during the freeze"
+            finally:
+                generation.signal(signal.SIGCONT)
+            t2 = time.monotonic()
+            serving_again = await probe.wait_health(rig.preprocess, probe.SERVING, timeout_s=10)
+            records = await asyncio.gather(*collected)
+            return records, not_serving_after, envoy_503_after, shed_in, serving_again, time.monotonic() - t2
 
     try:
-        records, failed_after, not_serving_after, envoy_503, new_fail = rig.run(frozen(), timeout_s=60)
-        # Preprocess stays live while it waits for its backend: a liveness probe must not restart it.
-        assert rig.run(probe.health(rig.preprocess, LIVENESS)) == probe.SERVING
+        records, not_serving_after, envoy_503, shed_in, serving_again, finished_in = rig.run(frozen(), timeout_s=60)
     finally:
         generation.signal(signal.SIGCONT)
-    figures["r33_fail_inflight_after_sigstop_s"] = round(failed_after, 3)
-    figures["r33_new_requests_fail_in_s"] = round(new_fail, 3)
-    for record in records:
+    figures["r33_not_serving_after_sigstop_s"] = round(not_serving_after, 3)
+    figures["r33_new_requests_shed_in_s"] = round(shed_in, 3)
+    figures["r33_in_flight_finished_after_sigcont_s"] = round(finished_in, 3)
+    figures["r33_serving_again_after_sigcont_s"] = round(serving_again, 3)
+    *in_flight, short = records
+    for record in in_flight:
         record.assert_one_terminal()
-        assert _ended_unavailable(record), record
-        assert record.failed is None or record.failed.reason == "BACKEND_STALLED", record.failed
+        assert record.complete is not None, (record.events[-2:], record.failed, record.status)
+        assert record.complete.usage.completion_tokens == max_tokens, record.complete
+    assert short.status == grpc.StatusCode.DEADLINE_EXCEEDED, short
     # Measured from the SIGSTOP; the silence started at the last frame, a heartbeat (0.5 s) earlier at most.
-    assert STALL_S - 0.5 <= failed_after < STALL_S + 2.0, f"waiting requests failed after {failed_after:.2f} s"
-    assert not_serving_after < 2.0 and envoy_503 < 4.0, (not_serving_after, envoy_503)
+    assert STALL_S - 0.5 <= not_serving_after < STALL_S + 2.0, f"NOT_SERVING after {not_serving_after:.2f} s"
+    assert envoy_503 < 4.0 and shed_in < 2.0, (envoy_503, shed_in)
 
     # SIGCONT: the same process speaks again; preprocess and then Envoy serve again by themselves,
-    # and the requests failed while it was frozen were aborted in the engine (KV back to baseline).
-    t0 = time.monotonic()
-    rig.run(probe.wait_health(rig.preprocess, probe.SERVING, timeout_s=10))
-    figures["r33_serving_again_after_sigcont_s"] = round(time.monotonic() - t0, 3)
+    # and the request whose deadline passed while it was frozen was aborted there (KV back to baseline).
+    assert serving_again < 2.0, serving_again
     rig.run(probe.wait_canary(rig.grpc, timeout_s=20))
     rig.check_recovered()
 

@@ -5,7 +5,9 @@ engine: one StreamResponse per step with a row for every running request. Like t
 pushes a ConductorStatus (running / waiting / KV blocks) every `mstar-status-interval-ms` (the
 preprocess backend's heartbeat).
 
-For replica tests: `paused` holds every step (requests stay untouched: no token yet), `refuse`
+For replica tests: `paused` holds every step (requests stay untouched: no token yet), `frozen`
+sends nothing at all, not even the status heartbeat, while the stream stays up (a SIGSTOPped
+process: nothing it does meanwhile goes out until it thaws), `refuse`
 ends every new request with RequestFailed UNAVAILABLE (a draining engine), `started` lists the
 request keys this replica received and `prompts` the prompt each arrived with."""
 
@@ -28,6 +30,7 @@ class FakeGeneration(gen_grpc.GenerationServiceServicer):
         self.started: list[str] = []
         self.prompts: dict[str, list[int]] = {}  # key -> prompt as first received
         self.paused = False
+        self.frozen = False
         self.refuse = False
 
     async def Stream(self, request_iterator, context):
@@ -89,6 +92,9 @@ class FakeGeneration(gen_grpc.GenerationServiceServicer):
         step = 0
         try:
             while True:
+                if self.frozen:
+                    await asyncio.sleep(0.01)
+                    continue
                 while cancelled:
                     key, r = cancelled.pop(0)
                     yield gen_pb2.StreamResponse(frames=[_complete(key, pb.FINISH_REASON_CANCELLED, r)])

@@ -158,6 +158,71 @@ def test_kill_moves_untouched_requests_with_every_prompt_token_and_fails_the_oth
     loop.run(run())
 
 
+def test_a_silent_replica_takes_nothing_new_moves_what_may_move_and_finishes_the_rest_when_it_speaks(loop):
+    """A frozen generation (SIGSTOP: the stream stays up, nothing comes) is stalled after stall_s:
+    new requests go elsewhere; a request with no token yet moves (the retry rule); one that already
+    streamed tokens waits for the replica instead of failing (issue 28: a 10 s freeze failed every
+    request in flight with BACKEND_STALLED), and finishes with every token once it speaks again."""
+    async def run():
+        fakes = Fakes()
+        addresses = await fakes.start(2, step_s=0.01)
+        pool = await make_pool(addresses, stall_s=0.3)
+        try:
+            victim, other = addresses
+            untouched = next(r for r in (submit(pool, f"u{i}", [i] * 8, input_open=True) for i in range(20))
+                             if r.tried[0] == victim)
+            touched = next(r for r in (submit(pool, f"t{i}", [50 + i] * 8, max_tokens=200) for i in range(20))
+                           if r.tried[0] == victim)
+            await wait_for(lambda: touched.tokens_received)
+            fakes.fakes[victim].frozen = True
+            await wait_for(lambda: not pool.replicas[victim].serving, timeout_s=5)
+            await wait_for(lambda: untouched.tried[-1] == other)  # moved, with its prompt
+            assert touched.tried == [victim] and not touched.ended and touched.backend.is_running(touched.key)
+            assert all(submit(pool, f"n{i}", [90 + i] * 8).tried == [other] for i in range(8))
+            await asyncio.sleep(0.5)  # frozen well past stall_s: still waiting, not failed
+            assert not touched.ended
+            fakes.fakes[victim].frozen = False
+            events = await events_of(touched, timeout_s=10)
+            assert isinstance(events[-1], BackendFinished) and events[-1].finish_reason == "length", events[-1]
+            assert sum(isinstance(e, TokenStep) for e in events) == 200
+            await wait_for(lambda: pool.replicas[victim].serving)
+            untouched.append([43], end=True)
+            assert isinstance((await events_of(untouched, timeout_s=5))[-1], BackendFinished)
+            await wait_for(lambda: untouched.request_id in fakes.fakes[victim].aborted)  # freed there too
+        finally:
+            await pool.close()
+            await fakes.stop()
+
+    loop.run(run())
+
+
+def test_a_replica_silent_past_dead_s_is_given_up_like_a_broken_stream(loop):
+    """A process that never resumes must not hold a request without a deadline forever: after
+    dead_s of silence its stream is given up, what streamed tokens fails UNAVAILABLE, and the
+    replica serves again once a new stream speaks."""
+    async def run():
+        fakes = Fakes()
+        addresses = await fakes.start(1, step_s=0.01)
+        pool = await make_pool(addresses, stall_s=0.2, dead_s=0.8)
+        try:
+            touched = submit(pool, "t0", [5] * 8, max_tokens=10_000)
+            await wait_for(lambda: touched.tokens_received)
+            fakes.fakes[addresses[0]].frozen = True
+            started = asyncio.get_running_loop().time()
+            failed = (await events_of(touched, timeout_s=5))[-1]
+            waited = asyncio.get_running_loop().time() - started
+            assert isinstance(failed, BackendFailed) and failed.error.code == Code.UNAVAILABLE, failed
+            assert 0.7 <= waited < 3.0, waited
+            fakes.fakes[addresses[0]].frozen = False
+            await wait_for(lambda: pool.replicas[addresses[0]].serving)
+            assert isinstance((await events_of(submit(pool, "n0", [6] * 8)))[-1], BackendFinished)
+        finally:
+            await pool.close()
+            await fakes.stop()
+
+    loop.run(run())
+
+
 def test_a_draining_replica_hands_its_new_requests_to_another(loop):
     async def run():
         fakes = Fakes()
