@@ -16,6 +16,9 @@
         the greedy draw (first index of the max, like torch.argmax, vectorised).
     greedy_rows(logits [B, V] fp32) -> [B] int64
         argmax_rows straight from the model: -1 for a row holding a NaN or an infinity.
+    instruction_sets() -> ["avx2", "fma", ...]
+        what the loaded build was compiled for, among the features the kernels branch on: which
+        paths run (library.ISAS; $MSTAR_KERNEL_ISA forces a build).
 
 Their plain-torch oracles are kernels.reference.quant_matmul_ref, the reference rotary / store_kv /
 paged_attention ops and greedy_ref; tests/kernels/test_cpu_ops.py holds them together.
@@ -31,7 +34,7 @@ from kernels.cpu import library
 from kernels.cpu.packing import PackedWeight, pack, unpack_rows
 
 __all__ = ["PackedWeight", "argmax_rows", "attention", "decoder_stack", "dequantize_rows", "ensure_loaded", "greedy_rows",
-           "load_error", "pack",
+           "instruction_sets", "load_error", "pack",
            "quant_matmul", "unpack_rows"]
 
 _fakes_registered = False
@@ -104,6 +107,10 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:  # [B, V] fp32 -> [B] int
 
 def greedy_rows(logits: torch.Tensor) -> torch.Tensor:  # [B, V] fp32 -> [B] int64, -1 = not finite
     return torch.ops.mstar_cpu.greedy_rows(logits)
+
+
+def instruction_sets() -> list[str]:
+    return torch.ops.mstar_cpu.instruction_sets().split()
 
 
 def decoder_stack(h: torch.Tensor, norms: list[torch.Tensor], weights: list[PackedWeight], k_caches: list[torch.Tensor],

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.cpu import library as cpu_library
 from services.generation.weights.checkpoint import Checkpoint
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -69,18 +70,13 @@ class Numerics:
 
 
 def detect_cpu_flags() -> str:
-    """This CPU's feature flags as /proc/cpuinfo lists them ("" where it cannot be read), or
-    $MSTAR_CPU_FLAGS when set: the defaults of another CPU (tests pin it so that nothing they compare
-    depends on the machine, and run the bf16 branch on CPUs without bf16). The kernel build never
-    reads it: kernels/cpu/library.py compiles for the real CPU."""
+    """This CPU's feature flags as /proc/cpuinfo lists them, or $MSTAR_CPU_FLAGS when set: the
+    defaults of another CPU (tests pin it so that nothing they compare depends on the machine, and
+    run the bf16 branch on CPUs without bf16). The kernel build never reads it: kernels/cpu/library.py
+    compiles for the real CPU."""
     if CPU_FLAGS_ENV in os.environ:
         return os.environ[CPU_FLAGS_ENV]
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return ""
-    return line.partition(":")[2].strip()
+    return cpu_library.detect_cpu_flags()
 
 
 def has_native_bf16(cpu_flags: str) -> bool:

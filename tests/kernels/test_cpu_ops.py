@@ -12,10 +12,20 @@ import pytest
 import torch
 
 from kernels import cpu
+from kernels.cpu import library
 from kernels.dispatch import KernelOps
 from kernels.reference import build_cos_sin_cache, greedy_ref, quant_matmul_ref
 
 pytestmark = pytest.mark.skipif(cpu.load_error() is not None, reason=f"kernels/cpu unavailable: {cpu.load_error()}")
+
+
+def test_the_loaded_build_has_the_instruction_sets_asked_for():
+    # test_cpu_isa.py reruns this file against each build ($MSTAR_KERNEL_ISA): this says it got it.
+    reported = {"avx2", "fma", "avx512f", "avx512bw", "avx512_vnni"}  # what ops.cpp's instruction_sets() names
+    isa = library.chosen_isa()
+    features = library.ISAS[isa]
+    expected = set(library.detect_cpu_flags().split() if features is None else features) & reported
+    assert library.loaded_isa() == isa and set(cpu.instruction_sets()) == expected
 
 
 def _weight(n: int, k: int, bits: int, half_scales: bool):

@@ -4,6 +4,8 @@
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
+#include <string>
+
 namespace mstar_cpu {
 at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& offset,
                         int64_t bits, int64_t n);
@@ -21,6 +23,29 @@ at::Tensor dequantize_rows(const at::Tensor& codes, const at::Tensor& scale, con
                            int64_t n, int64_t k, const at::Tensor& ids);
 at::Tensor argmax_rows(const at::Tensor& logits);
 at::Tensor greedy_rows(const at::Tensor& logits);
+
+// The instruction sets this build was compiled for, among those the kernels' #if paths test
+// (quant_matmul.h, attention.h, sampling.cpp), named as /proc/cpuinfo names them: a test checks
+// that a build forced with MSTAR_KERNEL_ISA (library.py) runs the paths it was asked for.
+std::string instruction_sets() {
+  std::string names;
+#if defined(__AVX2__)
+  names += " avx2";
+#endif
+#if defined(__FMA__)
+  names += " fma";
+#endif
+#if defined(__AVX512F__)
+  names += " avx512f";
+#endif
+#if defined(__AVX512BW__)
+  names += " avx512bw";
+#endif
+#if defined(__AVX512VNNI__)
+  names += " avx512_vnni";
+#endif
+  return names.empty() ? names : names.substr(1);
+}
 }  // namespace mstar_cpu
 
 TORCH_LIBRARY(mstar_cpu, m) {
@@ -37,6 +62,7 @@ TORCH_LIBRARY(mstar_cpu, m) {
   m.def("dequantize_rows(Tensor codes, Tensor scale, Tensor offset, int bits, int n, int k, Tensor ids) -> Tensor");
   m.def("argmax_rows(Tensor logits) -> Tensor");
   m.def("greedy_rows(Tensor logits) -> Tensor");
+  m.def("instruction_sets() -> str", &mstar_cpu::instruction_sets);  // no tensor to dispatch on: every key
 }
 
 TORCH_LIBRARY_IMPL(mstar_cpu, CPU, m) {
@@ -47,3 +73,4 @@ TORCH_LIBRARY_IMPL(mstar_cpu, CPU, m) {
   m.impl("argmax_rows", &mstar_cpu::argmax_rows);
   m.impl("greedy_rows", &mstar_cpu::greedy_rows);
 }
+
