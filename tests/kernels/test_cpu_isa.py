@@ -59,6 +59,7 @@ def test_the_isa_is_chosen_by_name_and_a_wrong_name_is_refused():
         library.chosen_isa({library.ISA_ENV: "avx3"})
 
 
+@pytest.mark.timeout(900)  # a cold build: ~1 min on 2 idle cores, several on a loaded box
 @pytest.mark.parametrize("isa", EXPLICIT)
 def test_every_build_compiles_here_with_its_own_instructions(isa):
     path = library.build(isa)
