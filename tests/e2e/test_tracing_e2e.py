@@ -83,7 +83,8 @@ def test_a_clients_trace_continues_through_envoy_preprocess_and_generation(trace
     for service, span in spans:
         by_service.setdefault(service, []).append(span)
     envoy = by_service["envoy"][0]
-    rpc = next(s for s in by_service["mstar-preprocess"] if s.name.endswith("InferenceService/Generate"))
+    # POST /v1/generate is GenerateJson (the raw-body form of Generate, services/preprocess/native_json.py).
+    rpc = next(s for s in by_service["mstar-preprocess"] if s.name.endswith("InferenceService/GenerateJson"))
     request = next(s for s in by_service["mstar-generation"] if s.name == "generation.request")
     # One chain: the client's span -> Envoy -> the preprocess RPC -> the generation request.
     assert envoy.parent_span_id.hex() == PARENT
