@@ -5,8 +5,8 @@
 Strict: NaN/Infinity literals, lone UTF-16 surrogate escapes and bytes that are not UTF-8 are not
 JSON. The fast parser (pydantic's jiter) refuses a document nested past ~200 levels with
 "recursion limit exceeded", which is not a property of the body: a JSON schema 100 objects deep
-(`response_format.json_schema.schema`, 200 JSON levels) is valid JSON whose limit (32 levels,
-docs/design.md "Structured output") the field's own check names. So a deeper body is measured
+(`response_format.json_schema.schema`, 200 JSON levels) is valid JSON whose limit
+(MAX_SCHEMA_DEPTH, 32 levels: docs/design.md "Structured output") the field's own check names. So a deeper body is measured
 without parsing and, when it nests at most MAX_DEPTH levels, parsed by Python's json (which
 recurses once per level, well inside the interpreter's limit); only a body deeper than that, which
 no field of any request needs (a schema may nest 32 levels, a body adds a handful), is refused
@@ -22,6 +22,7 @@ from typing import Any
 from pydantic_core import from_json
 
 from services.common import errors
+from services.common.structured_output import MAX_SCHEMA_DEPTH
 
 MAX_DEPTH = 512
 _JITER_DEPTH = "recursion limit exceeded"
@@ -48,7 +49,7 @@ def loads(body: bytes) -> Any:
     if _deeper_than(body, MAX_DEPTH):
         raise errors.invalid_argument(
             "body", f"nests more than {MAX_DEPTH} levels deep (the most a request body may; a JSON schema "
-            "in it may nest 32)", reason="BODY_TOO_DEEP")
+            f"in it may nest {MAX_SCHEMA_DEPTH})", reason="BODY_TOO_DEEP")
     return _python_loads(body)
 
 
