@@ -1,8 +1,8 @@
 """The documented maximum of `POST /v1/embeddings` (2,048 inputs) on the real default model
 through real Envoy: its JSON body is ~25 MB, past the 16 MiB a gRPC message may carry, which was a
 retryable 429 after the whole batch had run (issue 28); it is sent in pieces now. One-token inputs
-keep the compute small (2,048 prefill-only requests, 16 at a time: 23 s on the 2-core box); the
-size of the body depends only on the number of inputs and the width."""
+keep the compute small (2,048 prefill-only requests, 16 at a time; docs/http.md "Embeddings" has
+the times measured); the size of the body depends only on the number of inputs and the width."""
 
 from __future__ import annotations
 
