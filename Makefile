@@ -109,9 +109,9 @@ test-reliability: $(STAMP_PROTO) ## The reliability/fault-injection suite, full 
 	MSTAR_FUZZ_EXAMPLES=10000 $(PYTEST) -q -m reliability tests/reliability
 
 .PHONY: fuzz
-FUZZ_EXAMPLES ?= 200
+FUZZ_EXAMPLES ?= 500
 FUZZ_STRENGTH ?= 3
-fuzz: $(STAMP_PROTO) ## The request matrix, large: 200 schema-drawn bodies a surface, 3-wise tables (~30 min); writes build/matrix-summary.json
+fuzz: $(STAMP_PROTO) ## The request matrix, large: 500 schema-drawn bodies a surface, 3-wise tables; writes build/matrix-summary.json
 	MSTAR_MATRIX_EXAMPLES=$(FUZZ_EXAMPLES) MSTAR_MATRIX_STRENGTH=$(FUZZ_STRENGTH) MSTAR_MATRIX_SUMMARY=1 \
 	  $(PYTEST) -q tests/matrix
 

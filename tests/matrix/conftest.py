@@ -3,8 +3,8 @@ stack, what `make run` serves; MSTAR_COMPILE=1 as in tests/e2e/conftest.py) behi
 started once per session by tests/reliability/conftest.py's `started_rig`, with one response
 stored first for `previous_response_id`.
 
-Sizes: MSTAR_MATRIX_EXAMPLES schema-drawn bodies per surface (default 12) and covering designs
-of strength MSTAR_MATRIX_STRENGTH (default 2: every pair of levels); `make fuzz` runs 200 and 3.
+Sizes: MSTAR_MATRIX_EXAMPLES schema-drawn bodies per surface (default 40) and covering designs
+of strength MSTAR_MATRIX_STRENGTH (default 2: every pair of levels); `make fuzz` runs 500 and 3.
 MSTAR_MATRIX_SUMMARY=1 prints the session's figures at the end; they are always written to
 build/matrix-summary.json.
 """
@@ -22,7 +22,7 @@ from tests.matrix.runner import Matrix
 from tests.matrix.table import STORED
 from tests.reliability.conftest import started_rig
 
-EXAMPLES = int(os.environ.get("MSTAR_MATRIX_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("MSTAR_MATRIX_EXAMPLES", "40"))
 STRENGTH = int(os.environ.get("MSTAR_MATRIX_STRENGTH", "2"))
 SUMMARY = os.environ.get("MSTAR_MATRIX_SUMMARY") == "1"
 _LEDGERS: list[Ledger] = []  # the session's, for the terminal summary

@@ -24,8 +24,8 @@ class Case:
     surface: str  # docs/schemas name
     path: str
     body: dict[str, Any]
-    source: str  # "schema", "table" or "negative"
-    expect: Expect | None = None  # None: drawn from the schema, no oracle beyond "200 or a 4xx naming a field"
+    source: str  # "schema", "edge", "table" or "negative"
+    expect: Expect | None = None  # None (schema, edge): no oracle beyond "200 or a 4xx naming a field"
 
     @property
     def streamed(self) -> bool:

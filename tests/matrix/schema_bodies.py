@@ -17,7 +17,8 @@ inside the vocabulary (and now and then one outside), the served model's names. 
 schema leaves untyped (`{}`: accepted-and-ignored or unsupported-unless-neutral fields, which the
 schema cannot tell apart) is drawn as null, the neutral value either way. An object gets its
 required fields and at most `MAX_OPTIONAL` of its optional ones; a generating surface always gets
-a budget (`BUDGETS`); an Anthropic conversation ends with a user turn. Rules across fields that
+a budget (`BUDGETS`); an Anthropic conversation ends with a user turn; /tokenize gets a prompt
+when it drew neither prompt nor messages. Rules across fields that
 the schema cannot state (a tool message answers an earlier call, `top_logprobs` needs `logprobs`)
 are left to chance: their 4xx are counted by rule in the summary (checks.refusal_rule).
 """
@@ -97,8 +98,8 @@ def load(surface: str) -> dict[str, Any]:
     return json.loads((SCHEMAS / f"{surface}.json").read_text())
 
 
-# Optional fields drawn in every object that has them: a chat message's content is optional only
-# because an assistant message with tool calls may leave it out.
+# Optional fields drawn, never null, in every object that has them: a chat message's content is
+# optional only because an assistant message with tool calls may leave it out.
 ALWAYS = {"chat.completions": {"content"}}
 
 
@@ -107,11 +108,20 @@ def schema_bodies(surface: str, context: Mapping[str, str]) -> st.SearchStrategy
     bodies = _Reader(root, _surface_overrides(surface, context), ALWAYS.get(surface, set())).of(root)
     if surface in ("messages", "messages.count_tokens"):
         bodies = bodies.map(_ends_with_user_turn)
+    if surface == "tokenize":  # a client tokenizes something: a prompt when it drew no messages
+        bodies = bodies.map(lambda b: b if b.get("prompt") is not None or b.get("messages") is not None
+                            else {**b, "prompt": "Hello"})
     names = BUDGETS.get(surface)
     if names is None:
         return bodies
     return st.tuples(bodies, st.integers(1, 4)).map(
         lambda drawn: drawn[0] if any(n in drawn[0] for n in names) else {**drawn[0], names[-1]: drawn[1]})
+
+
+def _not_null(node: dict[str, Any]) -> dict[str, Any]:
+    """A field drawn in every object (ALWAYS) is drawn with a value, not null."""
+    options = [o for o in node.get("anyOf", ()) if o.get("type") != "null"]
+    return {**node, "anyOf": options} if options else node
 
 
 def _ends_with_user_turn(body: dict[str, Any]) -> dict[str, Any]:
@@ -175,8 +185,8 @@ class _Reader:
             return st.dictionaries(st.text("abcxyz_", min_size=1, max_size=6),
                                    st.none() | st.integers(-9, 99) | TEXT | st.booleans(), max_size=2)
         required = set(node.get("required", ())) | (self.always & set(properties))
-        fields = {name: self.overrides[name] if name in self.overrides else self.of(sub)
-                  for name, sub in properties.items()}
+        fields = {name: self.overrides[name] if name in self.overrides
+                  else self.of(_not_null(sub) if name in self.always else sub) for name, sub in properties.items()}
         optional = sorted(set(fields) - required)
 
         @st.composite

@@ -1,10 +1,10 @@
 """The request matrix (issue 28): everyday parameter combinations on every HTTP surface, through
 real Envoy to the real default model, max_tokens 1-4.
 
-Two sources, one set of properties (checks.py): bodies drawn from each surface's published
-schema (docs/schemas, schema_bodies.py), and a covering design over the parameters SDKs send
-together (every pair of levels, with the rules between them; chat_table.py and its siblings),
-plus each table's invalid variants. Valid requests get 200 and a well-formed reply (streamed:
+Three sources, one set of properties (checks.py): bodies drawn from each surface's published
+schema (docs/schemas, schema_bodies.py), the contract's boundary values (edges.py), and a
+covering design over the parameters SDKs send together (every pair of levels, with the rules
+between them; chat_table.py and its siblings), plus each table's invalid variants. Valid requests get 200 and a well-formed reply (streamed:
 well-formed SSE, the surface's terminal event, no error frame); invalid ones the surface's 4xx
 naming the field; never a 5xx; no stack process exits; the engine ends no request as an internal
 error; KV blocks back to idle after every batch (runner.py).
@@ -19,6 +19,7 @@ import pytest
 
 from tests.matrix.conftest import EXAMPLES, STRENGTH
 from tests.matrix.covering import covering_rows
+from tests.matrix.edges import edge_bodies
 from tests.matrix.exchange import Case
 from tests.matrix.schema_bodies import SURFACES, draw_bodies, schema_bodies
 from tests.matrix.table import OK, negative_rows
@@ -42,6 +43,12 @@ def test_bodies_drawn_from_the_published_schema(matrix, surface):
     assert batch.clean, batch.text()
     ok = sum(n for (_, _, status), n in batch.shapes.items() if status == 200)
     assert ok >= MIN_OK_SHARE * len(bodies), f"only {ok} of {len(bodies)} drawn bodies served: {batch.text()}"
+
+
+@pytest.mark.parametrize("surface", sorted(TABLES))
+def test_boundary_values_of_the_contract(matrix, surface):
+    batch = matrix.run([Case(surface, PATHS[surface], body, "edge") for body in edge_bodies(surface)])
+    assert batch.clean, batch.text()
 
 
 @pytest.mark.parametrize("surface", sorted(TABLES))
