@@ -64,6 +64,11 @@ class SamplingField:
         return _bounds(self.contract or self.name)
 
     @property
+    def is_float32(self) -> bool:
+        """The contract carries it as a 32-bit float: a JSON double is rounded on the wire."""
+        return self.kind is float and _is_float32(self.contract or self.name)
+
+    @property
     def int_range(self) -> tuple[int, int] | None:
         """What the contract's integer type can hold (int32 / int64), for integer fields."""
         return _int_range(self.contract or self.name) if self.kind is int else None
@@ -88,6 +93,13 @@ def _int_range(contract_field: str) -> tuple[int, int]:
 
     bits = 64 if _descriptor().fields_by_name[contract_field].type == FieldDescriptor.TYPE_INT64 else 32
     return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+
+@functools.cache
+def _is_float32(contract_field: str) -> bool:
+    from google.protobuf.descriptor import FieldDescriptor
+
+    return _descriptor().fields_by_name[contract_field].type == FieldDescriptor.TYPE_FLOAT
 
 
 def _everywhere(name: str) -> dict[str, tuple[str, ...]]:

@@ -13,10 +13,12 @@ and the published JSON schema of every surface shows the same numbers.
 
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import replace
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field
 
 from services.common.contract import declared
 from services.common.sampling_fields import FIELDS, SamplingField
@@ -58,10 +60,27 @@ def sampling(name: str, *, before: Any = None, required: bool = False) -> Any:
         kind: Any = Annotated[list[item], Field(**limit)]  # type: ignore[valid-type]
     else:
         kind = Annotated[f.kind, Field(**_constraints(f, bounds))]
+        if f.is_float32:
+            kind = Annotated[kind, AfterValidator(_as_float32(bounds))]
     if not required:
         kind = kind | None
     extra = (BeforeValidator(before),) if before is not None else ()
     return Annotated[kind, Field(description=f.doc), *extra]
+
+
+def _as_float32(bounds):
+    """The value as the contract's 32-bit float carries it, which must still be in bounds: a
+    positive double below float32's smallest subnormal (1e-46) passes `gt: 0` here but is 0 on the
+    wire, where the generation service would refuse it naming its internal path."""
+    def check(value: float) -> float:
+        try:
+            wire = struct.unpack("<f", struct.pack("<f", value))[0]
+        except OverflowError:  # beyond float32's range: infinite on the wire
+            wire = math.copysign(math.inf, value)
+        if not bounds.contains(wire):
+            raise ValueError(f"{value!r} is {wire!r} as a 32-bit float, outside {bounds.describe()}")
+        return wire
+    return check
 
 
 def sampling_of(body: Any, surface: str, **given: Any) -> Sampling:
