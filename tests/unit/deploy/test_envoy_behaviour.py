@@ -73,7 +73,8 @@ def test_anthropic_stream_and_in_band_error(envoy):
     assert reply.status_code == 200 and reply.headers["content-type"] == "text/event-stream"
     events = [block.split("\n")[0] for block in reply.text.strip().split("\n\n")]
     assert events[:3] == ["event: message_start", "event: content_block_start", "event: ping"]
-    assert events[-1] == "event: error"
+    # The error in band, then the terminal frames with the usage so far (issue 28).
+    assert events[-4:] == ["event: error", "event: content_block_stop", "event: message_delta", "event: message_stop"]
     reply = message(envoy, "hi", stream=True)
     assert [b.split("\n")[0] for b in reply.text.strip().split("\n\n")][-1] == "event: message_stop"
 
@@ -120,6 +121,7 @@ def test_sse_streams_pass_through_with_keepalive_and_in_band_errors(envoy):
     assert reply.headers["content-type"] == "text/event-stream" and "accepted" in events[0]
     assert "".join(e["chunk"]["text"] for e in events if "chunk" in e) == "Hello world"
     assert not [h for h in reply.headers if h.startswith("grpc-")]
+    assert reply.headers["cache-control"] == "no-cache" and reply.headers["x-accel-buffering"] == "no"
 
 
 def test_plain_grpc_passes_through_with_rich_errors(envoy):
