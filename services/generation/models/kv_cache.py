@@ -6,8 +6,8 @@ touch: the cache costs resident memory (RSS) only for the blocks that have been 
 writes every page). The block manager (bound_resident) reuses written blocks before it writes new
 ones once it holds twice the busiest moment's blocks, so under sustained traffic RSS follows the
 load's working set, not the size of the cache; and when the engine goes idle, the free blocks the
-block manager reclaims (those that cache nothing, and cached ones beyond twice what the load since
-the last time needed) give their pages back (release_blocks), so resident KV shrinks with the load.
+block manager reclaims (those that cache nothing, and cached ones beyond what the busiest moment
+since the last time needed) give their pages back (release_blocks), so resident KV shrinks with the load.
 """
 
 from __future__ import annotations

@@ -203,3 +203,25 @@ def test_going_idle_gives_back_cached_blocks_beyond_twice_the_calmer_loads_need(
         probe = seq([*s.token_ids, 1], 99)
         assert bm.allocate_cached_prefix(probe) == 24
         bm.free(probe)
+
+
+def test_identical_bursts_leave_the_same_blocks_resident_when_idle():
+    """Issue 28: identical rounds of a burst (the same prompts, new sampled text: cached too) grew
+    RSS every round, because going idle kept twice the busiest moment's blocks, and each round's
+    new text took never-used blocks up to that bound. Idle, one busiest moment's worth stays (the
+    most recently freed: this round's prompts and text), so every round leaves the same resident
+    blocks, and the prompts still hit the cache."""
+    bm = BlockManager(1024, 4, bound_resident=True)
+    text = iter(range(10**6, 10**9))
+    resident, hits = [], []
+    for _ in range(6):
+        seqs = [seq([*range(i * 12, i * 12 + 12), *(next(text) for _ in range(8))], i) for i in range(16)]
+        hits.append(sum(bm.allocate_cached_prefix(s) for s in seqs))
+        for s in seqs:
+            compute(bm, s, len(s) - s.num_computed_tokens)
+        for s in seqs:
+            bm.free(s)
+        bm.reclaim_free_blocks()
+        resident.append(bm.num_ever_used_blocks)
+    assert resident == [16 * 5] * 6  # 16 requests x (3 prompt + 2 text blocks) at once
+    assert hits == [0] + [16 * 12] * 5
