@@ -28,6 +28,7 @@ from mstar.v1 import inference_service_pb2_grpc as api_grpc
 
 from services.common.errors import Code, MstarError, from_grpc_error, not_found
 from services.common.server import channel_options
+from services.preprocess import client
 from services.preprocess.resolver import Resolver
 
 log = logging.getLogger(__name__)
@@ -93,13 +94,14 @@ class Peers:
 
     # ---- forwarding
 
-    async def append(self, request: api.AppendRequest) -> api.AppendResponse:
-        """The owner's answer to this Append; NOT_FOUND when no peer runs the request."""
-        return await self._forward("Append", request, request.append.request_id)
+    async def append(self, request: api.AppendRequest, principal: str = client.ANONYMOUS) -> api.AppendResponse:
+        """The owner's answer to this Append by `principal`; NOT_FOUND when no peer runs the
+        request, or runs it for another principal."""
+        return await self._forward("Append", request, request.append.request_id, principal)
 
-    async def cancel(self, request: api.CancelRequest) -> api.CancelResponse:
+    async def cancel(self, request: api.CancelRequest, principal: str = client.ANONYMOUS) -> api.CancelResponse:
         try:
-            return await self._forward("Cancel", request, request.request_id)
+            return await self._forward("Cancel", request, request.request_id, principal)
         except MstarError as err:
             if err.code != Code.NOT_FOUND:
                 raise
@@ -113,24 +115,24 @@ class Peers:
         _, _, tag = request_id.rpartition("-")
         return [a for a in self._channels if owner_tag(a) == tag][:1]
 
-    async def _forward(self, method: str, message, request_id: str):
+    async def _forward(self, method: str, message, request_id: str, principal: str):
         direct = self._candidates(request_id)
         if direct:
-            answer = await self._ask(direct, method, message)
+            answer = await self._ask(direct, method, message, principal)
             if answer is not None:
                 return answer
         rest = [a for a in self._channels if a not in direct]
-        answer = await self._ask(rest, method, message, request_id)
+        answer = await self._ask(rest, method, message, principal, request_id)
         if answer is None:
             raise not_found(f"request {request_id!r} is not running", reason="REQUEST_NOT_FOUND")
         return answer
 
-    async def _ask(self, addresses: list[str], method: str, message, request_id: str | None = None):
+    async def _ask(self, addresses: list[str], method: str, message, principal: str, request_id: str | None = None):
         """Every address at once; the first that is not NOT_FOUND (or UNAVAILABLE: a peer that is
         down runs nothing) is the owner. Its answer is returned, its error raised."""
         if not addresses:
             return None
-        calls = [self._call(address, method, message) for address in addresses]
+        calls = [self._call(address, method, message, principal) for address in addresses]
         owner_answer = None
         for address, result in zip(addresses, await asyncio.gather(*calls), strict=True):
             if isinstance(result, MstarError) and result.code in (Code.NOT_FOUND, Code.UNAVAILABLE):
@@ -143,10 +145,12 @@ class Peers:
             raise owner_answer
         return owner_answer
 
-    async def _call(self, address: str, method: str, message):
+    async def _call(self, address: str, method: str, message, principal: str):
         stub = api_grpc.InferenceServiceStub(self._channels[address])
+        # The caller's principal goes along: the owner answers only for that principal's request.
+        who = ((client.CLIENT_HEADER, principal),) if principal != client.ANONYMOUS else ()
         try:
-            return await getattr(stub, method)(message, timeout=self._timeout_s, metadata=((FORWARDED, "1"),))
+            return await getattr(stub, method)(message, timeout=self._timeout_s, metadata=((FORWARDED, "1"), *who))
         except grpc.RpcError as exc:
             return from_grpc_error(exc)
 

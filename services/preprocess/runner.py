@@ -38,6 +38,7 @@ from services.common.errors import (
 from services.common.metrics import PreprocessMetrics
 from services.common.serving import ServingState
 from services.preprocess import limits as caps
+from services.preprocess.client import principal as principal_of
 from services.preprocess.input_names import input_names
 from services.preprocess.model import ModelSpec
 from services.preprocess.prompt import PromptBuilder, min_prompt_tokens
@@ -80,6 +81,11 @@ class _RecentIds:
         return found
 
 
+def _ahead_key(principal: str | None, request_id: str) -> str:
+    """A remembered cancel's key: the id as the principal named it (None: any principal's)."""
+    return request_id if principal is None else f"{principal}\x00{request_id}"
+
+
 class RequestRunner:
     """Every running request of this server, by id; the admission gate in front of them."""
 
@@ -109,13 +115,19 @@ class RequestRunner:
         """A scope for one RPC call; `client` is its admission key (client.py: fair shares)."""
         return RunScope(self, client)
 
-    def find(self, request_id: str) -> RequestRun | None:
-        return self._runs.get(request_id)
+    def find(self, request_id: str, principal: str | None = None) -> RequestRun | None:
+        """The running request `request_id`; with `principal`, only if it is that principal's
+        (client.principal): another's request is as absent as one that never ran, so one tenant
+        can neither append to, cancel nor learn of another's requests."""
+        run = self._runs.get(request_id)
+        if run is None or (principal is not None and principal_of(run.client) != principal):
+            return None
+        return run
 
-    def append(self, spec: AppendSpec, charged: bool = False) -> RequestRun:
-        """More input for a running request. A chunk that cannot fit is refused before any
-        per-element work, leaving the request untouched."""
-        run = self._runs.get(spec.request_id)
+    def append(self, spec: AppendSpec, charged: bool = False, principal: str | None = None) -> RequestRun:
+        """More input for a running request (the principal's, when given). A chunk that cannot
+        fit is refused before any per-element work, leaving the request untouched."""
+        run = self.find(spec.request_id, principal)
         if run is None:
             raise not_found(f"request {quote(spec.request_id)} is not running", reason="REQUEST_NOT_FOUND")
         model = self.deps.model
@@ -124,14 +136,15 @@ class RequestRunner:
         run.append(spec, charged)
         return run
 
-    def cancel(self, request_id: str) -> bool:
-        """Stop a running request (it ends with finish reason cancelled); False if not running.
-        An id that is not running and did not just end is remembered: its start may still be on
-        the way, and then begins cancelled (_CANCEL_AHEAD_S)."""
-        run = self._runs.get(request_id)
+    def cancel(self, request_id: str, principal: str | None = None) -> bool:
+        """Stop a running request (the principal's, when given; it ends with finish reason
+        cancelled); False if not running. An id that is not running and did not just end is
+        remembered for that principal: its start may still be on the way, and then begins
+        cancelled (_CANCEL_AHEAD_S). Another principal's start under that id is not touched."""
+        run = self.find(request_id, principal)
         if run is None:
-            if request_id not in self._ended:
-                self._cancelled_ahead.add(request_id)
+            if request_id not in self._runs and request_id not in self._ended:
+                self._cancelled_ahead.add(_ahead_key(principal, request_id))
             return False
         return run.cancel()
 
@@ -182,7 +195,9 @@ class RequestRunner:
             raise
         self.metrics.on_preprocessed(time.perf_counter() - started)
         self._runs[spec.request_id] = run
-        if self._cancelled_ahead.pop(spec.request_id):
+        principal = principal_of(run.client)
+        if self._cancelled_ahead.pop(_ahead_key(principal, spec.request_id)) | self._cancelled_ahead.pop(
+                _ahead_key(None, spec.request_id)):
             run.cancel()  # the client's cancel came first: the request ends cancelled, as if it came next
         return run, accepted
 

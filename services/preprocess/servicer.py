@@ -33,7 +33,7 @@ from services.common import contract, errors
 from services.common.errors import MstarError
 from services.common.metrics import PreprocessMetrics, timing_headers
 from services.common.serving import ServingState
-from services.preprocess import call, peers, wire
+from services.preprocess import call, client, peers, wire
 from services.preprocess.http_routes import HttpRoutes
 from services.preprocess.peers import Peers
 from services.preprocess.request import Chunk, Complete, Failed, Tensor
@@ -204,14 +204,15 @@ class InferenceServicer(HttpRoutes, api_grpc.InferenceServiceServicer):
             pumps.add(task)
             task.add_done_callback(pumps.discard)
         elif action == "append":
+            who = client.principal(scope.client)
             try:
                 self._check(message)
-                if self.runner.find(message.append.request_id) is not None:
-                    self.runner.append(wire.append_spec(message.append), charged=True)
+                if self.runner.find(message.append.request_id, who) is not None:
+                    self.runner.append(wire.append_spec(message.append), charged=True, principal=who)
                 else:  # started through another replica
-                    await self.peers.append(api.AppendRequest(append=message.append))
+                    await self.peers.append(api.AppendRequest(append=message.append), who)
             except MstarError as err:
-                run = self.runner.find(message.append.request_id)
+                run = self.runner.find(message.append.request_id, who)
                 if run is None or not run.ended:
                     await outbox.put(Failed("", err))  # refused; the request (if any) is unaffected
                 # else the append failed the request: its own terminal event carries the error
@@ -221,22 +222,23 @@ class InferenceServicer(HttpRoutes, api_grpc.InferenceServiceServicer):
             except MstarError as err:
                 await outbox.put(Failed("", err))
                 return
-            request_id = message.cancel.request_id
-            if self.runner.find(request_id) is None:  # started through another replica, or not yet
-                if (await self.peers.cancel(api.CancelRequest(request_id=request_id))).cancelled:
+            request_id, who = message.cancel.request_id, client.principal(scope.client)
+            if self.runner.find(request_id, who) is None:  # started through another replica, or not yet
+                if (await self.peers.cancel(api.CancelRequest(request_id=request_id), who)).cancelled:
                     return
-            self.runner.cancel(request_id)  # not running anywhere: remembered, its start may be on the way
+            self.runner.cancel(request_id, who)  # not running anywhere: remembered, its start may be on the way
 
     def _is_free_id(self, request_id: str) -> bool:
         return (0 < len(request_id) <= _ID.max_len and re.fullmatch(_ID.pattern, request_id) is not None
                 and self.runner.find(request_id) is None)
 
     async def Append(self, request: api.AppendRequest, context) -> api.AppendResponse:
+        who = client.principal(client.of_context(context))  # only the request's own principal appends
         try:
             self._check(request)
-            if self.runner.find(request.append.request_id) is None and not peers.is_forwarded(context):
-                return await self.peers.append(request)  # the owner's answer (or NOT_FOUND)
-            run = self.runner.append(wire.append_spec(request.append))
+            if self.runner.find(request.append.request_id, who) is None and not peers.is_forwarded(context):
+                return await self.peers.append(request, who)  # the owner's answer (or NOT_FOUND)
+            run = self.runner.append(wire.append_spec(request.append), principal=who)
             return api.AppendResponse(
                 request_id=run.request_id, prompt_tokens=run.prompt_tokens, input_ended=run.input_done
             )
@@ -248,16 +250,17 @@ class InferenceServicer(HttpRoutes, api_grpc.InferenceServiceServicer):
             self._check(request)
         except MstarError as err:
             await errors.abort(context, err)
-        if self.runner.find(request.request_id) is None and not peers.is_forwarded(context):
+        who = client.principal(client.of_context(context))  # only the request's own principal cancels
+        if self.runner.find(request.request_id, who) is None and not peers.is_forwarded(context):
             try:
-                answer = await self.peers.cancel(request)  # the owner's answer (cancelled: false if none)
+                answer = await self.peers.cancel(request, who)  # the owner's answer (cancelled: false if none)
             except MstarError as err:
                 await errors.abort(context, err)
             if answer.cancelled:
                 return answer
         # Here, or nowhere yet: a cancel that overtook its start is remembered (RequestRunner.cancel),
         # and a start that arrived while the peers were asked is cancelled now.
-        return api.CancelResponse(request_id=request.request_id, cancelled=self.runner.cancel(request.request_id))
+        return api.CancelResponse(request_id=request.request_id, cancelled=self.runner.cancel(request.request_id, who))
 
     async def ListModels(self, request: api.ListModelsRequest, context) -> api.ListModelsResponse:
         model = self.runner.model

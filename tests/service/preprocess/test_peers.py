@@ -23,6 +23,7 @@ class Owner(api_grpc.InferenceServiceServicer):
         self.ids: set[str] = set()
         self.ended: set[str] = set()
         self.calls: list[tuple[str, str, bool]] = []
+        self.principals: list[str] = []  # the x-mstar-client each forwarded call carried ("" none)
 
     async def Append(self, request, context):
         rid = request.append.request_id
@@ -35,6 +36,7 @@ class Owner(api_grpc.InferenceServiceServicer):
 
     async def Cancel(self, request, context):
         self.calls.append(("Cancel", request.request_id, is_forwarded(context)))
+        self.principals.append(dict(context.invocation_metadata()).get("x-mstar-client", ""))
         return api.CancelResponse(request_id=request.request_id, cancelled=request.request_id in self.ids)
 
 
@@ -126,3 +128,13 @@ def test_a_peer_that_is_down_does_not_stop_the_others(loop, peers_world):
     loop.run(add_dead_peer())
     owners[1].ids.add("x")
     assert loop.run(asyncio.wait_for(peers.append(append("x")), 10)).request_id == "x"
+
+
+def test_a_forwarded_call_carries_its_callers_principal(loop, peers_world):
+    """The owner answers only for the principal's own request (runner.find), so it must know it."""
+    peers, owners, addresses = peers_world
+    rid = f"{'b' * 32}-{owner_tag(addresses[0])}"
+    owners[0].ids.add(rid)
+    loop.run(peers.cancel(api.CancelRequest(request_id=rid), "key-0123456789abcdef"))
+    loop.run(peers.cancel(api.CancelRequest(request_id=rid)))  # anonymous: no identity sent
+    assert owners[0].principals == ["key-0123456789abcdef", ""]
