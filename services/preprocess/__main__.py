@@ -157,6 +157,8 @@ async def serve(args: argparse.Namespace) -> None:
     servicer.peers = Peers(Resolver(args.peers) if args.peers else None, args.advertise or advertised(args.host, port),
                            resolve_interval_s=args.generation_resolve_s)
     servicer.peers.start()
+    # Responses this replica left running when it stopped failed with it (not other replicas').
+    await store.recover(servicer.peers.advertise)
     server.state.serve()
     pool.start()
     log.info("preprocess ready", extra={"port": port, "model": model.name, "generation": args.generation,

@@ -37,12 +37,35 @@ def test_round_trip_delete_and_restart(tmp_path):
         assert await store.get("resp_1", "") is None
 
     async def after_restart(store):
+        assert await store.recover("replica-a") == 1
         interrupted = await store.get("resp_2", "")
         assert interrupted.status == "failed" and interrupted.response["status"] == "failed"
         assert interrupted.response["error"]["code"] == "server_error"
 
-    asyncio.run(_with_store(path, first))
+    asyncio.run(_with_store(path, first, runner="replica-a"))
     asyncio.run(_with_store(path, after_restart))
+
+
+def test_a_replica_restarting_fails_only_the_responses_it_ran(tmp_path):
+    """Replicas share the file: one restarting must not fail what another is still running."""
+    path = tmp_path / "db.sqlite3"
+
+    async def two_replicas():
+        a = await ResponseStore(path, runner="10.0.0.1:50051").open()
+        b = await ResponseStore(path, runner="10.0.0.2:50051").open()
+        await a.put(record(1, status="in_progress"))
+        await b.put(record(2, status="in_progress"))
+        await a.close()
+        restarted = await ResponseStore(path).open()
+        assert await restarted.recover("10.0.0.1:50051") == 1
+        assert (await b.get("resp_1", "")).status == "failed"
+        assert (await b.get("resp_2", "")).status == "in_progress"  # still running on b
+        await b.put(record(2, status="completed"))
+        assert (await restarted.get("resp_2", "")).status == "completed"
+        await restarted.close()
+        await b.close()
+
+    asyncio.run(two_replicas())
 
 
 def test_oldest_rows_go_first_past_max_bytes(tmp_path):

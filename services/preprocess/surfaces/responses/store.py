@@ -2,8 +2,10 @@
 
 One row per response: the response object as the API returns it (for GET /v1/responses/{id})
 and the conversation it ends (the messages that led to it plus its own output), which is what
-`previous_response_id` continues. The file survives restarts of the preprocess service; rows still
-`in_progress` when it stopped are marked `failed` on the next start (their stream died with it).
+`previous_response_id` continues. The file survives restarts of the preprocess service, and every
+preprocess replica may share it: a row records which replica runs it (`runner`, the replica's
+advertised address), and when a replica starts, the rows it left `in_progress` are marked
+`failed` (their streams died with it); other replicas' running responses are not touched.
 
 Every row belongs to the principal that stored it (`owner`: services/preprocess/client.py
 `principal`, "" for the anonymous one). Reads and deletes name the owner, and a row of another
@@ -35,7 +37,8 @@ CREATE TABLE IF NOT EXISTS responses (
     size INTEGER NOT NULL,
     response TEXT NOT NULL,      -- the response object (JSON)
     conversation TEXT NOT NULL,  -- [[role, content], ...] up to and including this response's output
-    owner TEXT NOT NULL DEFAULT ''  -- the principal that stored it ('' = anonymous)
+    owner TEXT NOT NULL DEFAULT '',  -- the principal that stored it ('' = anonymous)
+    runner TEXT NOT NULL DEFAULT ''  -- the preprocess replica running it ('' = before runners were kept)
 );
 CREATE INDEX IF NOT EXISTS responses_by_age ON responses (created_at);
 """
@@ -52,8 +55,10 @@ class StoredResponse:
 
 
 class ResponseStore:
-    def __init__(self, path: Path, ttl_s: float = 30 * 24 * 3600.0, max_bytes: int = 256 * 1024 * 1024) -> None:
+    def __init__(self, path: Path, ttl_s: float = 30 * 24 * 3600.0, max_bytes: int = 256 * 1024 * 1024,
+                 runner: str = "") -> None:
         self.path = path
+        self.runner = runner  # this replica's name (its advertised address): recorded with each row
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="responses-db")
@@ -67,6 +72,12 @@ class ResponseStore:
     async def close(self) -> None:
         await self._call(self._close)
         self._thread.shutdown(wait=True)
+
+    async def recover(self, runner: str) -> int:
+        """This replica, starting as `runner`: its rows still in_progress (and those from before
+        runners were kept) become failed. Returns how many."""
+        self.runner = runner
+        return await self._call(self._interrupted)
 
     async def put(self, record: StoredResponse) -> None:
         await self._call(self._put, record)
@@ -101,8 +112,7 @@ class ResponseStore:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.executescript(_SCHEMA)
-        self._add_owner_column()
-        self._interrupted()
+        self._add_columns()
         self._bytes = db.execute("SELECT COALESCE(SUM(size), 0) FROM responses").fetchone()[0]
         self._evict()
 
@@ -111,27 +121,32 @@ class ResponseStore:
             self._db.close()
             self._db = None
 
-    def _add_owner_column(self) -> None:
-        """A database from before owners: add the column (its rows become the anonymous
-        principal's). In a transaction, since every preprocess replica opens the same file."""
+    def _add_columns(self) -> None:
+        """A database from before owners or runners: add the columns (its rows become the
+        anonymous principal's, run by no known replica). In a transaction, since every preprocess
+        replica opens the same file."""
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            if "owner" not in {row[1] for row in db.execute("PRAGMA table_info(responses)")}:
-                db.execute("ALTER TABLE responses ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+            columns = {row[1] for row in db.execute("PRAGMA table_info(responses)")}
+            for name in ("owner", "runner"):
+                if name not in columns:
+                    db.execute(f"ALTER TABLE responses ADD COLUMN {name} TEXT NOT NULL DEFAULT ''")
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
 
-    def _interrupted(self) -> None:
-        rows = self._db.execute("SELECT id, response FROM responses WHERE status = 'in_progress'").fetchall()
+    def _interrupted(self) -> int:
+        rows = self._db.execute("SELECT id, response FROM responses WHERE status = 'in_progress' "
+                                "AND runner IN (?, '')", (self.runner,)).fetchall()
         for response_id, text in rows:
             obj = json.loads(text)
             obj["status"] = "failed"
             obj["error"] = {"code": "server_error", "message": "the server restarted while this response ran"}
-            self._db.execute("UPDATE responses SET status = 'failed', response = ? WHERE id = ?",
+            self._db.execute("UPDATE responses SET status = 'failed', response = ? WHERE id = ? AND status = 'in_progress'",
                              (json.dumps(obj), response_id))
+        return len(rows)
 
     def _put(self, r: StoredResponse) -> None:
         response = json.dumps(r.response, ensure_ascii=False)
@@ -144,9 +159,9 @@ class ResponseStore:
             if old is not None and old[1] != r.owner:  # ids are server-made: a clash is a bug, never a takeover
                 raise ValueError(f"response {r.id} belongs to another principal")
             db.execute(
-                "INSERT OR REPLACE INTO responses (id, created_at, status, size, response, conversation, owner) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (r.id, r.created_at, r.status, size, response, conversation, r.owner),
+                "INSERT OR REPLACE INTO responses (id, created_at, status, size, response, conversation, owner, "
+                "runner) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (r.id, r.created_at, r.status, size, response, conversation, r.owner, self.runner),
             )
             db.execute("COMMIT")
         except BaseException:
