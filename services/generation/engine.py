@@ -228,7 +228,7 @@ class Engine:
     def _add(self, out, key, token_ids, params: SamplingParams, input_done: bool, arrival: float) -> None:
         if key in self.seqs:
             # The running request keeps going; the duplicate alone is refused.
-            out.failed.append(Failure(key, errors.already_exists(f"request {key!r} is already running")))
+            out.failed.append(Failure(key, errors.already_exists("a request with this id is already running")))
             return
         if not self.serving.accepts_work:
             self._reject(out, key, self.serving.refusal())
@@ -266,7 +266,7 @@ class Engine:
         if seq is None:
             return  # finished or aborted meanwhile: nothing to add to
         if seq.is_input_done:
-            self._fail(out, seq, errors.failed_precondition(f"request {key!r}: input already ended", "INPUT_ENDED"))
+            self._fail(out, seq, errors.failed_precondition("its input already ended", "INPUT_ENDED"))
             return
         error = check_prompt_tokens(token_ids, seq.num_prompt_tokens + len(token_ids), self.runner, self.block_manager,
                                     output_tokens=0 if seq.is_embedding else 1)
@@ -292,7 +292,7 @@ class Engine:
             seq.timing.preempted_at = now
         for seq in batch.unfittable:
             self._fail(out, seq, errors.resource_exhausted(
-                f"request {seq.key!r} needs more KV blocks than the pool has", "KV_CACHE_TOO_SMALL", None))
+                "it needs more KV blocks than the pool has", "KV_CACHE_TOO_SMALL", None))
         if not batch:
             return bool(batch.preempted or batch.unfittable)
         ends = [seq.is_sampling_step(n) for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True)]

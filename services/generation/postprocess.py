@@ -67,7 +67,7 @@ class Postprocess:
             return RowOutcome(seq, error=data.error)
         if data is None:
             return RowOutcome(seq, error=errors.internal(
-                f"request {seq.key!r}: the model produced a non-finite hidden state", "NON_FINITE_LOGITS"))
+                "the model produced a non-finite hidden state", "NON_FINITE_LOGITS"))
         return RowOutcome(seq, tensor=TensorEvent(seq.key, data, (len(data) // 4,)), finish_reason=FINISH_STOP)
 
     def _token(self, seq: Sequence, drawn, now: float) -> RowOutcome:
@@ -76,7 +76,7 @@ class Postprocess:
         token, logprobs, is_finite = drawn
         if not is_finite:
             return RowOutcome(seq, error=errors.internal(
-                f"request {seq.key!r}: the model produced non-finite logits", "NON_FINITE_LOGITS"))
+                "the model produced non-finite logits", "NON_FINITE_LOGITS"))
         if seq.grammar is not None:
             error = self.boundary.call("grammar", seq.key, self.grammars.advance, seq, token)
             if error is not None:

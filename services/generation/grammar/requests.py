@@ -85,7 +85,7 @@ class GrammarRequests:
                 "structured_output",
                 f"the grammar allows no token of this model's vocabulary after {seq.num_output_tokens} output tokens",
                 "GRAMMAR_DEAD_END")
-        return errors.internal(f"request {seq.key!r}: the grammar rejected sampled token {token}",
+        return errors.internal(f"the grammar rejected sampled token {token}",
                                "GRAMMAR_REJECTED_TOKEN")
 
     def close(self) -> None:
