@@ -103,6 +103,9 @@ LOCAL_REPLY_GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 405: 12, 408: 4, 413:
 # Every local 404 is an unknown route: the routes forward every known path.
 LOCAL_REPLY_REASONS = {404: "UNKNOWN_ROUTE", 405: "METHOD_NOT_ALLOWED", 415: "UNSUPPORTED_MEDIA_TYPE",
                        431: "REQUEST_HEADERS_TOO_LARGE"}
+# Envoy's own 503 (no healthy upstream: every replica starting, draining or stalled) is retryable:
+# it tells HTTP clients when, as preprocess's RetryInfo does (Retry-After, seconds).
+LOCAL_RETRY_AFTER_S = 1
 # Messages that replace Envoy's own: OpenAI's wording for an unknown path, with the method.
 LOCAL_REPLY_MESSAGES = {404: "Invalid URL (%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH):200%)"}
 
@@ -148,7 +151,9 @@ def local_reply_config() -> dict:
     mappers += [{"filter": _status_is("EQ", status),
                  "body_format_override": _error_body(
                      code, LOCAL_REPLY_REASONS.get(status, "%RESPONSE_CODE_DETAILS%"),
-                     LOCAL_REPLY_MESSAGES.get(status, "%LOCAL_REPLY_BODY%"))}
+                     LOCAL_REPLY_MESSAGES.get(status, "%LOCAL_REPLY_BODY%")),
+                 **({"headers_to_add": [{"header": {"key": "retry-after", "value": str(LOCAL_RETRY_AFTER_S)}}]}
+                    if status == 503 else {})}
                 for status, code in LOCAL_REPLY_GRPC_CODES.items()]
     return {"mappers": mappers, "body_format": _error_body(2)}
 

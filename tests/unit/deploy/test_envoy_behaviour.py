@@ -157,6 +157,7 @@ def test_dead_backend_is_an_immediate_json_503(tmp_path):
         reply = httpx.post(base + "/v1/chat/completions", json={"messages": []}, timeout=5)
         err = openai_error(reply, 503)
         assert err["type"] == "service_unavailable_error" and err["code"] == "no_healthy_upstream"
+        assert reply.headers["retry-after"] == "1"  # retryable, and when
         native = httpx.post(base + "/v1/generate", json={"text": "x"}, timeout=5)
         assert native.status_code == 503 and native.json()["code"] == 14
         anthropic = httpx.post(base + "/v1/messages", json={}, timeout=5)
