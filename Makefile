@@ -134,6 +134,10 @@ bench-peers: $(STAMP_PROTO) ## Build llama.cpp's llama-server (~8 min, cached in
 	PYTHON=$(PY) bash bench/peers/build_llama_server.sh
 	$(PY) -m bench.run
 
+.PHONY: bench-fairness
+bench-fairness: $(STAMP_PROTO) ## A short chat's first token while a long prompt prefills, fair vs first-come scheduling; writes docs/benchmarks.md's fairness section
+	$(PY) -m bench.fairness
+
 .PHONY: bench-hops
 bench-hops: $(STAMP_PROTO) ## One token's time at every hop, engine -> Envoy -> client, 1 stream; writes docs/benchmarks-hops.md
 	$(PY) -m bench.hops

@@ -26,3 +26,15 @@ def write(path: Path, name: str, body: str) -> None:
     pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip("\n") + f"\n\n{block}\n"
     path.write_text(text)
+
+
+def carried(path: Path, text: str) -> str:
+    """`text` (a doc about to replace the one at `path`) with every generated section the old doc
+    held and `text` lacks appended: a section another benchmark writes (e.g. `fairness`) survives
+    a rerun of the doc's main benchmark."""
+    old = path.read_text() if path.exists() else ""
+    for name in re.findall(r"<!-- ([\w-]+):start -->", old):
+        if f"<!-- {name}:start -->" not in text and (body := read(path, name)) is not None:
+            start, end = _markers(name)
+            text = text.rstrip("\n") + f"\n\n{start}\n{body}\n{end}\n"
+    return text

@@ -19,7 +19,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench import procs, targets
+from bench import doc_sections, procs, targets
 from bench.compare import compare
 from bench.plots import plot_all
 from bench.report import render
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args.json.write_text(json.dumps(results, indent=1) + "\n")
     main_doc = args.doc.name == "benchmarks.md"  # other docs get their own plot names, no fp32 notes
     plots = [p.name for p in plot_all(results, args.doc.parent, "bench" if main_doc else args.doc.stem)]
-    args.doc.write_text(render(results, plots, notes=main_doc))
+    args.doc.write_text(doc_sections.carried(args.doc, render(results, plots, notes=main_doc)))  # keeps bench.fairness's
     targets.log(f"wrote {args.doc}, {args.json} and {len(plots)} plots in {results['meta']['duration_s']:.0f} s")
     return 0
 
