@@ -30,9 +30,13 @@ from collections.abc import Callable, Hashable
 
 log = logging.getLogger(__name__)
 
-# A full-budget CPU prefill step (512 tokens) is ~1-3 s on the default model (docs/benchmarks-engine.md);
-# 30 s leaves an order of magnitude for slower machines and bigger models.
-DEFAULT_TIMEOUT_S = 30.0
+# The longest legitimate step is a full-budget prefill chunk deep into a long prompt: its attention
+# reads every earlier token. On the 2-core AVX2 box (default model, idle) a 512-token chunk takes
+# 1.0 s at the prompt's start and 10.8 s at 6.6k tokens; a box loaded by other work ran such
+# chunks 3x slower, past the 30 s this used to be, and the watchdog then failed every tenant's
+# requests for a prompt that was merely long (issue 28). 120 s keeps that margin; a real hang is
+# still caught within two minutes.
+DEFAULT_TIMEOUT_S = 120.0
 
 
 class Watchdog:
