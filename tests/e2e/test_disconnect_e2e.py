@@ -75,7 +75,11 @@ def test_client_disconnect_frees_kv_blocks_within_a_second(stack):
         with httpx.Client(timeout=60) as client:
             with client.stream("POST", stack.http_url + "/v1/chat/completions", json=body) as reply:
                 assert reply.status_code == 200
-                for line in reply.iter_lines():
+                # Held in a name: an iterator abandoned at `break` is finalized at once, and its
+                # GeneratorExit closes the connection (httpcore), which would drop the stream here
+                # instead of where this test means to (when the with-blocks exit).
+                lines = reply.iter_lines()
+                for line in lines:
                     if line.startswith("data: {"):
                         chunks.put(line)
                     if chunks.qsize() >= 3:
