@@ -9,8 +9,7 @@ from mstar.generation.v1 import generation_service_pb2 as gen_pb2
 from services.common import errors
 from services.common.serving import ServingState
 from services.generation import outbox
-from services.generation.outputs import StepOutput, TokenEvent
-from services.generation.outputs import TokenLogprobs
+from services.generation.outputs import StepOutput, TokenEvent, TokenLogprobs
 from services.generation.servicer import GenerationServicer, _Stream
 
 
