@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 
-from services.common import errors, request_id
+from services.common import errors, grpc_errors, request_id
 from services.common.logs import stamp_request_ids
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class _Call:
         self.code = errors.Code.OK
         self.peer = context.peer()  # read now: the context must not be touched while it is torn down
         self.token = request_id.current.set(request_id.from_metadata(context.invocation_metadata()))
-        errors.aborted_with.set(None)
+        grpc_errors.aborted_with.set(None)
 
     def failed(self, exc: BaseException) -> errors.MstarError:
         """The status a servicer exception becomes (logged with its stack if it is a bug)."""
@@ -69,7 +69,7 @@ class _Call:
         if isinstance(exc, asyncio.CancelledError):
             self.code = errors.Code.CANCELLED
         elif isinstance(exc, grpc.aio.AbortError):  # the servicer aborted with its own status
-            self.code = errors.aborted_with.get() or errors.Code.UNKNOWN
+            self.code = grpc_errors.aborted_with.get() or errors.Code.UNKNOWN
         access_log.info(
             "rpc",
             extra={
@@ -110,7 +110,7 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
             raise exc
         err = call.failed(exc)
         call.code = err.code
-        await errors.abort(call.context, err)
+        await grpc_errors.abort(call.context, err)
 
     async def unary_unary(raw: bytes, context):
         call, outcome = _Call(method, context), None

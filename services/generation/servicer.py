@@ -39,7 +39,7 @@ from mstar.generation.v1 import generation_service_pb2_grpc as gen_grpc
 from mstar.v1 import messages_pb2 as pb
 from opentelemetry.trace import Span, StatusCode
 
-from services.common import contract, errors, hop_trace, tracing
+from services.common import contract, errors, grpc_errors, hop_trace, tracing
 from services.common.fault_boundary import FaultBoundary, RequestFault
 from services.common.serving import ServingState, State
 from services.generation import wire
@@ -195,7 +195,7 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
     async def Stream(self, request_iterator, context: grpc.aio.ServicerContext):
         refusal = self.serving.refusal()
         if self.engine is None or refusal is not None:
-            await errors.abort(context, refusal or errors.unavailable("the model is loading", "STARTING"))
+            await grpc_errors.abort(context, refusal or errors.unavailable("the model is loading", "STARTING"))
         if self.numerics:
             await context.send_initial_metadata(((NUMERICS_KEY, self.numerics),))
         stream = _Stream(next(self._ids), Outbox(self.max_queued_frames, self.stall_s))
@@ -209,7 +209,7 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
             while True:
                 item = await stream.outbox.get()
                 if isinstance(item, errors.MstarError):
-                    await errors.abort(context, item)
+                    await grpc_errors.abort(context, item)
                 if item is not None:
                     if hop_trace.ON:
                         _mark_rows("gen_write", item)

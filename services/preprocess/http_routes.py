@@ -27,7 +27,7 @@ from contextlib import aclosing
 from google.api import httpbody_pb2
 from mstar.v1 import inference_service_pb2 as api
 
-from services.common import contract, errors
+from services.common import contract, errors, grpc_errors
 from services.preprocess import call, json_array, native_json, wire
 from services.preprocess import limits as caps
 from services.preprocess.request import Failed
@@ -98,7 +98,7 @@ class HttpRoutes:
         except errors.MstarError as err:
             if sent:  # surfaces report failures in-band once streaming; this is a bug, not a client error
                 log.error("surface raised after its first frame", extra={"error": str(err)})
-            await errors.abort(context, err)
+            await grpc_errors.abort(context, err)
         finally:
             scope.close()
 
@@ -108,7 +108,7 @@ class HttpRoutes:
             try:
                 contract.check(check)
             except errors.MstarError as err:
-                await errors.abort(context, err)
+                await grpc_errors.abort(context, err)
         async with aclosing(self._stream(endpoint, context, body, content_type, params, *args)) as frames:
             async for frame in frames:
                 return frame
@@ -120,7 +120,7 @@ class HttpRoutes:
         try:
             native_json.body_message(body, message, root)
         except errors.MstarError as err:
-            await errors.abort(context, err)
+            await grpc_errors.abort(context, err)
 
     async def GenerateJson(self, request, context):
         typed = api.GenerateRequest()
@@ -174,7 +174,7 @@ class HttpRoutes:
         typed = api.AppendRequest()
         await self._read_json(context, request.body.data, typed.append, "append")
         if typed.append.request_id not in ("", request.request_id):
-            await errors.abort(context, errors.invalid_argument(
+            await grpc_errors.abort(context, errors.invalid_argument(
                 "append.request_id", "must be the request id in the path, or absent"))
         typed.append.request_id = request.request_id
         return await self.Append(typed, context)
@@ -183,7 +183,7 @@ class HttpRoutes:
         typed = api.CancelRequest()
         await self._read_json(context, request.body.data, typed, "")
         if typed.request_id not in ("", request.request_id):
-            await errors.abort(context, errors.invalid_argument(
+            await grpc_errors.abort(context, errors.invalid_argument(
                 "request_id", "must be the request id in the path, or absent"))
         typed.request_id = request.request_id
         return await self.Cancel(typed, context)

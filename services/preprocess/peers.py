@@ -26,7 +26,8 @@ import grpc
 from mstar.v1 import inference_service_pb2 as api
 from mstar.v1 import inference_service_pb2_grpc as api_grpc
 
-from services.common.errors import Code, MstarError, from_grpc_error, not_found
+from services.common.errors import Code, MstarError, not_found
+from services.common.grpc_errors import from_grpc_error
 from services.common.server import channel_options
 from services.preprocess import client
 from services.preprocess.resolver import Resolver

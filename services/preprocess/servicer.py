@@ -29,7 +29,7 @@ from mstar.v1 import inference_service_pb2 as api
 from mstar.v1 import inference_service_pb2_grpc as api_grpc
 from mstar.v1 import messages_pb2 as pb
 
-from services.common import contract, errors
+from services.common import contract, errors, grpc_errors
 from services.common.errors import MstarError
 from services.common.metrics import PreprocessMetrics, timing_headers
 from services.common.serving import ServingState
@@ -120,7 +120,7 @@ class InferenceServicer(HttpRoutes, api_grpc.InferenceServiceServicer):
                         )
             raise errors.internal("request ended without a terminal event")
         except MstarError as err:
-            await errors.abort(context, err)
+            await grpc_errors.abort(context, err)
         finally:
             scope.close()
 
@@ -133,7 +133,7 @@ class InferenceServicer(HttpRoutes, api_grpc.InferenceServiceServicer):
                 stream = scope.run(wire.request_spec(request.input, "GenerateStream", self.peers.new_request_id))
                 accepted = await anext(stream)
             except MstarError as err:
-                await errors.abort(context, err)  # before any message: a real status
+                await grpc_errors.abort(context, err)  # before any message: a real status
                 return
             sent = wire.Sent()
             yield wire.stream_event(accepted, sent)
@@ -169,7 +169,7 @@ class InferenceServicer(HttpRoutes, api_grpc.InferenceServiceServicer):
         try:
             while (item := await outbox.get()) is not None:
                 if isinstance(item, MstarError):
-                    await errors.abort(context, item)
+                    await grpc_errors.abort(context, item)
                 counter = sent.setdefault(item.request_id, wire.Sent()) if item.request_id else None
                 yield wire.session_event(item, counter)
                 if isinstance(item, Complete | Failed):
@@ -243,19 +243,19 @@ class InferenceServicer(HttpRoutes, api_grpc.InferenceServiceServicer):
                 request_id=run.request_id, prompt_tokens=run.prompt_tokens, input_ended=run.input_done
             )
         except MstarError as err:
-            await errors.abort(context, err)
+            await grpc_errors.abort(context, err)
 
     async def Cancel(self, request: api.CancelRequest, context) -> api.CancelResponse:
         try:
             self._check(request)
         except MstarError as err:
-            await errors.abort(context, err)
+            await grpc_errors.abort(context, err)
         who = client.principal(client.of_context(context))  # only the request's own principal cancels
         if self.runner.find(request.request_id, who) is None and not peers.is_forwarded(context):
             try:
                 answer = await self.peers.cancel(request, who)  # the owner's answer (cancelled: false if none)
             except MstarError as err:
-                await errors.abort(context, err)
+                await grpc_errors.abort(context, err)
             if answer.cancelled:
                 return answer
         # Here, or nowhere yet: a cancel that overtook its start is remembered (RequestRunner.cancel),

@@ -10,7 +10,7 @@ import pytest
 from mstar.v1 import inference_service_pb2 as api
 from mstar.v1 import inference_service_pb2_grpc as api_grpc
 
-from services.common import errors
+from services.common import errors, grpc_errors
 from services.common.errors import Code, MstarError
 from services.preprocess.peers import Peers, is_forwarded, owner_tag
 from services.preprocess.resolver import Resolver
@@ -29,9 +29,9 @@ class Owner(api_grpc.InferenceServiceServicer):
         rid = request.append.request_id
         self.calls.append(("Append", rid, is_forwarded(context)))
         if rid in self.ended:
-            await errors.abort(context, errors.failed_precondition("input ended", "INPUT_ENDED"))
+            await grpc_errors.abort(context, errors.failed_precondition("input ended", "INPUT_ENDED"))
         if rid not in self.ids:
-            await errors.abort(context, errors.not_found("no such request", "REQUEST_NOT_FOUND"))
+            await grpc_errors.abort(context, errors.not_found("no such request", "REQUEST_NOT_FOUND"))
         return api.AppendResponse(request_id=rid, prompt_tokens=7)
 
     async def Cancel(self, request, context):

@@ -11,7 +11,7 @@ from fake_generation import start_fake
 from mstar.v1 import inference_service_pb2 as api
 from mstar.v1 import messages_pb2 as pb
 
-from services.common.errors import REFUSED
+from services.common.grpc_errors import REFUSED
 from services.preprocess.peers import Peers, owner_tag
 from services.preprocess.resolver import Resolver
 

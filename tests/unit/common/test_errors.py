@@ -1,9 +1,9 @@
-"""errors.py is the one mapping: codes, HTTP statuses and rich details."""
+"""errors.py: codes, HTTP statuses and caps; grpc_errors.py: the one mapping to rich gRPC details."""
 
 import grpc
 from google.rpc import error_details_pb2
 
-from services.common import errors
+from services.common import errors, grpc_errors
 
 
 def _details(status):
@@ -19,21 +19,21 @@ def _details(status):
 
 def test_invalid_argument_carries_error_info_and_field_violation():
     err = errors.invalid_argument("model_kwargs.sampling.temperature", "must be in [0, 2]", "BAD_TEMPERATURE")
-    status = errors.to_rpc_status(err)
+    status = grpc_errors.to_rpc_status(err)
     assert status.code == 3 and err.http_status == 400
     details = _details(status)
     assert details["ErrorInfo"].reason == "BAD_TEMPERATURE"
-    assert details["ErrorInfo"].domain == errors.DOMAIN
+    assert details["ErrorInfo"].domain == grpc_errors.DOMAIN
     assert details["BadRequest"].field_violations[0].field == "model_kwargs.sampling.temperature"
     assert "RetryInfo" not in details
 
 
 def test_resource_exhausted_has_retry_info_and_maps_to_429():
     err = errors.resource_exhausted("queue full", "QUEUE_FULL", retry_after_s=2.5)
-    details = _details(errors.to_rpc_status(err))
+    details = _details(grpc_errors.to_rpc_status(err))
     assert details["RetryInfo"].retry_delay.seconds == 2 and details["RetryInfo"].retry_delay.nanos == 500_000_000
     assert err.http_status == 429
-    assert errors.to_grpc_status(err).code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert grpc_errors.to_grpc_status(err).code == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 def test_http_mapping_matches_envoy():
@@ -60,7 +60,7 @@ def test_errors_never_carry_unbounded_client_input():
     # upstream connection. Every string an error carries is capped, whatever the call site did.
     huge = "x" * 1_000_000
     err = errors.invalid_argument(huge, f"bad value {huge}")
-    status = errors.to_rpc_status(err)
+    status = grpc_errors.to_rpc_status(err)
     assert len(status.message) <= errors.MAX_MESSAGE_CHARS
     violation = _details(status)["BadRequest"].field_violations[0]
     assert len(violation.field) <= errors.MAX_FIELD_CHARS and len(violation.description) <= errors.MAX_FIELD_CHARS
@@ -78,4 +78,4 @@ def test_quote_shows_a_short_escaped_prefix_and_the_length():
 
 def test_a_lone_surrogate_in_a_message_cannot_break_the_status():
     err = errors.invalid_argument("body", "bad \ud800 text")
-    errors.to_rpc_status(err).SerializeToString()  # used to raise UnicodeEncodeError -> UNKNOWN
+    grpc_errors.to_rpc_status(err).SerializeToString()  # used to raise UnicodeEncodeError -> UNKNOWN

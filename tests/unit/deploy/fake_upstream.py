@@ -26,7 +26,7 @@ from types import SimpleNamespace
 from mstar.v1 import inference_service_pb2 as ipb
 from mstar.v1 import inference_service_pb2_grpc as ipb_grpc
 
-from services.common import errors
+from services.common import errors, grpc_errors
 from services.common.server import GrpcServer
 from services.preprocess import wire
 from services.preprocess.http_routes import HttpRoutes
@@ -91,7 +91,7 @@ class FakeInference(HttpRoutes, ipb_grpc.InferenceServiceServicer):
         if self.refuse:
             refusal = errors.unavailable("server is draining", "DRAINING")
             refusal.refused = True
-            await errors.abort(context, refusal)
+            await grpc_errors.abort(context, refusal)
 
     async def GenerateStream(self, request, context):
         await self._maybe_refuse(context)
@@ -99,7 +99,7 @@ class FakeInference(HttpRoutes, ipb_grpc.InferenceServiceServicer):
             async for event in script(wire.request_spec(request.input, "GenerateStream")):
                 yield wire.stream_event(event)
         except errors.MstarError as err:
-            await errors.abort(context, err)
+            await grpc_errors.abort(context, err)
 
     async def Generate(self, request, context):
         await self._maybe_refuse(context)
@@ -114,7 +114,7 @@ class FakeInference(HttpRoutes, ipb_grpc.InferenceServiceServicer):
                 if isinstance(event, Chunk):
                     text.append(event.text)
         except errors.MstarError as err:
-            await errors.abort(context, err)
+            await grpc_errors.abort(context, err)
         return ipb.GenerateResponse(request_id="req-1", text="".join(text))
 
     async def ListModels(self, request, context):
