@@ -150,8 +150,12 @@ bench-gpu: ## GPU tests + kernel (vs roofline) and engine benchmarks, < 8 min on
 gpu-bundle: $(STAMP_SETUP) ## Fetch what an offline GPU box lacks into .gpu/ (cp312 wheels, the default model in two parts)
 	$(PY) -m bench.gpu_bundle
 
+.PHONY: kernel-calls
+kernel-calls: $(STAMP_PROTO) ## Record the model's KernelOps calls (meta tensors) into kernels/aot/kernel_calls.json, the AOT gate's launch matrix
+	$(PY) -m services.generation.kernel_calls
+
 .PHONY: kernels-doc
-kernels-doc: $(STAMP_PROTO) ## AOT-compile new Triton launch configs for sm_90/sm_80, update kernels/aot/ledger.json and the docs/kernels.md tables
+kernels-doc: kernel-calls ## AOT-compile new Triton launch configs for sm_90/sm_80, update kernels/aot/ledger.json and the docs/kernels.md tables
 	mkdir -p build
 	$(PY) -m kernels.aot --update-ledger --report build/aot-report.json
 	$(PY) -m bench.kernel_doc --report build/aot-report.json

@@ -73,7 +73,7 @@ def collect(gpus: tuple[Gpu, ...] = GPUS, **matrix_filters) -> list[Config]:
             config = configs.setdefault(spec.key, Config(spec, gpu, dict(rec.launch.meta)))
             config.models.add(rec.model.name)
             config.dtypes.add(_DTYPE_NAMES[rec.dtype])
-            config.steps.add(rec.step.name)
+            config.steps.add(rec.step)
     return list(configs.values())
 
 

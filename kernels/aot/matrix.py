@@ -1,16 +1,21 @@
-"""Every launch the engine can make for the supported models: the model's forward on meta tensors.
+"""Every launch the engine can make for the supported models: the model's op calls, planned per GPU.
 
-The model (services/generation/models/llama.py) runs one step per shape in STEPS with a KernelOps
-whose ops call the launchers' ``plan_*`` functions for a GPU target instead of launching, so the
-matrix follows whatever the model and the launchers do (views into the fused qkv output, residual
-or not, decode or prefill tiles, split-KV from the SM count) without restating their rules. Meta
-tensors carry shapes, strides and dtypes but no memory: a 70B-shaped layer costs nothing.
+The model lives above kernels/ (services/generation/models), so the gate does not run it: the
+generation side runs one step per engine step shape through the model on meta tensors and writes
+every KernelOps call it makes (op, argument shapes, strides, view offsets, dtypes, scalars) to
+kernel_calls.json (``python -m services.generation.kernel_calls``; a test keeps it current). Here
+each call is replayed through the launchers' ``plan_*`` functions for a GPU target instead of
+launching, so the matrix follows whatever the model calls and the launchers pick (views into the
+fused qkv output, residual or not, decode or prefill tiles, split-KV from the SM count) without
+restating either's rules. Meta tensors carry shapes, strides and dtypes but no memory: a
+70B-shaped layer costs nothing.
 """
 
 from __future__ import annotations
 
-import math
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -18,29 +23,7 @@ from kernels.launch import Launch, Target
 from kernels.shapes import BLOCK_SIZES, DTYPES, SUPPORTED, ModelShape
 
 META = torch.device("meta")
-
-
-@dataclass(frozen=True)
-class Step:
-    """One engine step's shape: T scheduled tokens over B sequences, block tables for max_context."""
-
-    name: str
-    tokens: int
-    seqs: int
-    max_context: int
-
-
-# Decode-only batches (T == B) from one sequence to a full batch, short and long contexts (1 to 32
-# splits); prefill chunks alone and mixed with decode rows (the scheduler's chunked prefill).
-STEPS = (
-    Step("decode B=1 ctx=512", 1, 1, 512),
-    Step("decode B=1 ctx=32k", 1, 1, 32768),
-    Step("decode B=16 ctx=16k", 16, 16, 16384),
-    Step("decode B=256 ctx=2k", 256, 256, 2048),
-    Step("prefill 512", 512, 1, 512),
-    Step("prefill chunk 2048 at 32k", 2048, 1, 32768),
-    Step("4 decode + 256-token chunk", 260, 5, 4096),
-)
+CALLS_PATH = Path(__file__).with_name("kernel_calls.json")
 
 
 @dataclass(frozen=True)
@@ -48,73 +31,73 @@ class Recorded:
     launch: Launch
     model: ModelShape
     dtype: torch.dtype
-    step: Step
+    step: str  # the engine step shape's name, e.g. "decode B=16 ctx=16k"
 
 
-def engine_launches(target: Target, models=SUPPORTED, dtypes=DTYPES, block_sizes=BLOCK_SIZES) -> list[Recorded]:
-    from services.generation.models.llama import Transformer
-
+def engine_launches(target: Target, models=SUPPORTED, dtypes=DTYPES, block_sizes=BLOCK_SIZES,
+                    path: Path = CALLS_PATH) -> list[Recorded]:
+    """The launches of every recorded step of ``models`` x ``dtypes`` x ``block_sizes`` on ``target``."""
+    document = json.loads(path.read_text())
+    calls, by_name = document["calls"], {m.name: m for m in models}
+    dtype_names = {_dtype_name(d) for d in dtypes}
+    steps = [s for s in document["steps"]
+             if s["model"] in by_name and s["dtype"] in dtype_names and s["block_size"] in block_sizes]
+    absent = set(by_name) - {s["model"] for s in steps}
+    if absent:
+        raise LookupError(f"{path.name} has no calls for {', '.join(sorted(absent))}: "
+                          "run `python -m services.generation.kernel_calls`")
+    ops = PlanningOps(target)
     out: list[Recorded] = []
-    for model in models:
-        config = _config(model)
-        weights = {name: torch.empty(shape, device=META) for name, shape in config.expected_shapes().items()}
-        for dtype in dtypes:
-            ops = _CapturingOps(target)
-            transformer = Transformer(config, ops.kernel_ops(), weights, META, dtype)
-            for block_size in block_sizes:
-                for step in STEPS:
-                    ops.launches = []
-                    run_step(transformer, ops, block_size, step)
-                    out += [Recorded(launch, model, dtype, step) for launch in ops.launches]
+    for step in steps:
+        for index in step["calls"]:
+            ops.launches = []
+            ops.replay(calls[index])
+            out += [Recorded(launch, by_name[step["model"]], getattr(torch, step["dtype"]), step["step"])
+                    for launch in ops.launches]
     return out
 
 
-def run_step(transformer, ops: _CapturingOps, block_size: int, step: Step) -> None:
-    """One engine step through the model (2 layers: the first block's norm differs), then the draw."""
-    from services.generation.models.kv_cache import KVCache
-    from services.generation.models.llama import StepMetadata
-
-    width = math.ceil(step.max_context / block_size)
-    kv_cache = KVCache(transformer.config, step.seqs * width, block_size, META, transformer.embed.dtype)
-    meta = StepMetadata(
-        positions=torch.empty(step.tokens, dtype=torch.int64, device=META),
-        slot_mapping=torch.empty(step.tokens, dtype=torch.int64, device=META),
-        block_tables=torch.empty(step.seqs, width, dtype=torch.int32, device=META),
-        cu_seqlens_q=torch.empty(step.seqs + 1, dtype=torch.int32, device=META),
-        context_lens=torch.empty(step.seqs, dtype=torch.int32, device=META),
-        logits_indices=torch.empty(step.seqs, dtype=torch.int64, device=META),
-    )
-    logits = transformer.forward(torch.empty(step.tokens, dtype=torch.int64, device=META), meta, kv_cache)
-    rows = logits.shape[0]
-    column = torch.empty(rows, device=META)
-    ints = torch.empty(rows, dtype=torch.int64, device=META)
-    ops.kernel_ops().sample(logits, column, ints, column, column, ints, ints)
+def describe(op: str, args: tuple) -> dict:
+    """One op call as data: tensors by shape, stride, view offset and dtype; scalars as they are."""
+    return {"op": op, "args": [_describe_arg(a) for a in args]}
 
 
-def _config(model: ModelShape):
-    from services.generation.models.config import LlamaConfig
+def _describe_arg(arg):
+    if isinstance(arg, torch.Tensor):
+        return {"shape": list(arg.shape), "stride": list(arg.stride()), "offset": arg.storage_offset(),
+                "dtype": _dtype_name(arg.dtype)}
+    if arg is None or isinstance(arg, (bool, int, float)):
+        return arg
+    raise TypeError(f"a kernel op argument the launch matrix cannot record: {type(arg).__name__}")
 
-    return LlamaConfig(
-        vocab_size=model.vocab, hidden_size=model.hidden, intermediate_size=model.ffn, num_layers=2,
-        num_heads=model.q_heads, num_kv_heads=model.kv_heads, head_dim=model.head_dim, rms_norm_eps=1e-5,
-        rope_theta=500000.0, max_position_embeddings=32768, tie_word_embeddings=False,
-    )
+
+def _materialize(arg):
+    """A meta view with the recorded layout (its offset is what the binder sees as the pointer)."""
+    if not isinstance(arg, dict):
+        return arg
+    extent = arg["offset"] + sum((n - 1) * s for n, s in zip(arg["shape"], arg["stride"], strict=True)) + 1
+    base = torch.empty(extent, dtype=getattr(torch, arg["dtype"]), device=META)
+    return base.as_strided(arg["shape"], arg["stride"], arg["offset"])
 
 
-class _CapturingOps:
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class PlanningOps:
     """KernelOps' op table, each op planned for ``target`` and recorded instead of launched."""
 
     def __init__(self, target: Target):
         self.target = target
         self.launches: list[Launch] = []
 
-    def kernel_ops(self):
-        from kernels.dispatch import KernelOps
+    def table(self) -> dict:
+        """The op table KernelOps(META, "aot", table) calls (the generation side records through it)."""
+        return {"rms_norm": self.rms_norm, "apply_rotary": self.apply_rotary, "silu_and_mul": self.silu_and_mul,
+                "store_kv": self.store_kv, "paged_attention": self.paged_attention, "sample": self.sample}
 
-        return KernelOps(META, "aot", {
-            "rms_norm": self.rms_norm, "apply_rotary": self.apply_rotary, "silu_and_mul": self.silu_and_mul,
-            "store_kv": self.store_kv, "paged_attention": self.paged_attention, "sample": self.sample,
-        })
+    def replay(self, call: dict) -> None:
+        self.table()[call["op"]](*(_materialize(a) for a in call["args"]))
 
     def _keep(self, planned):
         result, launches = planned
