@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import cpu
-from services.generation.weights.blocks import BlockWeight
+from services.generation.models.block_weight import BlockWeight
 
 
 class Dense(nn.Module):

@@ -25,10 +25,10 @@ from torch import nn
 
 from kernels import cpu
 from kernels.dispatch import KernelOps
+from services.generation.models.block_weight import BlockWeight
 from services.generation.models.config import LlamaConfig, check_state_dict
 from services.generation.models.kv_cache import KVCache
 from services.generation.models.linear import Dense, Embedding, Projection, Quantized
-from services.generation.weights.blocks import BlockWeight
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""GGUF block-quantized weights kept as the file's integer codes instead of dequantized to fp32.
+"""GGUF block-quantized tensors decoded to BlockWeight (models/block_weight.py): the file's integer codes, not fp32.
 
 Every format kept here is, per block of 32 weights of one row, an affine map of unsigned codes:
 
@@ -13,58 +13,22 @@ Every format kept here is, per block of 32 weights of one row, an affine map of 
     Q8_0  d * x                     code x + 128     scale d          offset -128 d
 
 so one kernel serves them all (kernels/cpu quant_matmul, with 4-bit or 8-bit code storage) and the
-served weights are exactly the file's: nothing is requantized, ``dequantize`` equals
+served weights are exactly the file's: nothing is requantized, ``BlockWeight.dequantize`` equals
 gguf.quants.dequantize bit for bit (tested). Formats whose scales cover 16 weights (Q2_K, Q3_K, Q6_K)
 or that are not affine (the IQ types) are not kept: they are dequantized and served dense.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
-GROUP = 32  # weights per block (sub-block for the K types)
+from services.generation.models.block_weight import FOUR_BIT, GROUP, BlockWeight
+
 _QK_K = 256  # weights per K-type super-block
-FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")
 EIGHT_BIT = ("Q5_0", "Q5_1", "Q5_K", "Q8_0")
 KEPT = FOUR_BIT + EIGHT_BIT
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176}
-
-
-@dataclass
-class BlockWeight:
-    """A [N, K] weight as codes with a (scale, offset) per 32-wide block of each row."""
-
-    kind: str  # the GGUF type(s), e.g. "Q4_1"; "Q4_1+Q8_0" after cat of different types
-    codes: torch.Tensor  # [N, K] uint8
-    scale: torch.Tensor  # [N, K / 32] fp32
-    offset: torch.Tensor  # [N, K / 32] fp32
-
-    @property
-    def bits(self) -> int:
-        """Code width the kernel stores: 4 when every part is a 4-bit type, else 8."""
-        return 4 if all(k in FOUR_BIT for k in self.kind.split("+")) else 8
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(self.codes.shape)  # type: ignore[return-value]
-
-    def dequantize(self) -> torch.Tensor:  # [N, K] fp32, the values gguf.quants.dequantize gives
-        n, k = self.codes.shape
-        blocks = self.codes.view(n, k // GROUP, GROUP).float()
-        return (blocks * self.scale[:, :, None] + self.offset[:, :, None]).view(n, k)
-
-    def map_rows(self, fn) -> BlockWeight:
-        """Apply the same row permutation to codes, scales and offsets (e.g. undoing llama.cpp's q/k order)."""
-        return BlockWeight(self.kind, fn(self.codes), fn(self.scale), fn(self.offset))
-
-    @staticmethod
-    def cat(parts: list[BlockWeight]) -> BlockWeight:
-        """Rows of several weights stacked, as for the fused qkv and gate|up projections."""
-        kinds = "+".join(sorted({k for p in parts for k in p.kind.split("+")}))
-        return BlockWeight(kinds, *(torch.cat([getattr(p, f) for p in parts]) for f in ("codes", "scale", "offset")))
 
 
 def _f16(raw: np.ndarray) -> torch.Tensor:

@@ -7,8 +7,8 @@ from functools import cached_property
 
 import torch
 
+from services.generation.models.block_weight import BlockWeight
 from services.generation.models.config import LlamaConfig
-from services.generation.weights.blocks import BlockWeight
 from services.generation.weights.vocabulary import Vocabulary
 
 

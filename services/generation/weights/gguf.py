@@ -17,8 +17,9 @@ import os
 import numpy as np
 import torch
 
+from services.generation.models.block_weight import BlockWeight
 from services.generation.models.config import CheckpointError, LlamaConfig, check_state_dict
-from services.generation.weights.blocks import BlockWeight, decode_gguf_blocks
+from services.generation.weights.blocks import decode_gguf_blocks
 from services.generation.weights.checkpoint import Checkpoint
 from services.generation.weights.gguf_file import GGUFFile, GGUFTensor
 from services.generation.weights.vocabulary import vocabulary_from_gguf

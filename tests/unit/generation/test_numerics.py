@@ -10,9 +10,9 @@ import torch
 
 from services.generation import numerics
 from services.generation.model_runner import ModelRunner, RunnerConfig
+from services.generation.models.block_weight import BlockWeight
 from services.generation.numerics import choose
 from services.generation.threads import default_threads, usable_cpus
-from services.generation.weights.blocks import BlockWeight
 from services.generation.weights.checkpoint import Checkpoint
 from services.generation.weights.random_init import TINY, random_checkpoint
 
