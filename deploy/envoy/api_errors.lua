@@ -2,8 +2,10 @@
 --   openai     {"error": {"message", "type", "code", "param"}}   (chat/completions, completions,
 --              embeddings, responses, models, tokenize)
 --   anthropic  {"type": "error", "error": {"type", "message"}}   (messages, messages/count_tokens)
--- deploy/envoy/render.py renders one named copy per shape by setting SHAPE below; routes pick
--- theirs with LuaPerRoute `name`.
+-- deploy/envoy/render.py renders one named copy per shape: it writes the shape's status -> type
+-- table, its fallbacks and its body (`error_body`) where the RENDERED marker below stands, from
+-- services/preprocess/surfaces/{openai,anthropic}/errors.py, the tables the surfaces use after the
+-- first byte. No error type is written in this file. Routes pick their copy with LuaPerRoute `name`.
 --
 -- Input is either the transcoder's google.rpc.Status JSON
 --   {"code":3,"message":"...","details":[{"@type":".../ErrorInfo","reason":"INVALID_FIELD",...},
@@ -13,40 +15,6 @@
 -- `"key":"` scan below cannot match inside a string value. The message is copied as the raw,
 -- still-escaped JSON string literal, so no decoding/encoding is needed here.
 -- Bodies that already are in the API's shape pass unchanged.
-
-local SHAPE = "openai"
-
--- Same table as services/preprocess/surfaces/openai/render.py ERROR_TYPES (a unit test compares them).
-local OPENAI_TYPES = {
-  [400] = "invalid_request_error",
-  [401] = "authentication_error",
-  [403] = "permission_error",
-  [404] = "not_found_error",
-  [409] = "conflict_error",
-  [413] = "invalid_request_error",
-  [429] = "rate_limit_error",
-  [499] = "cancelled_error",
-  [500] = "server_error",
-  [501] = "not_implemented_error",
-  [503] = "service_unavailable_error",
-  [504] = "timeout_error",
-}
-
--- Same table as services/preprocess/surfaces/anthropic/render.py ERROR_TYPES.
-local ANTHROPIC_TYPES = {
-  [400] = "invalid_request_error",
-  [401] = "authentication_error",
-  [403] = "permission_error",
-  [404] = "not_found_error",
-  [409] = "invalid_request_error",
-  [413] = "request_too_large",
-  [415] = "invalid_request_error",
-  [429] = "rate_limit_error",
-  [500] = "api_error",
-  [503] = "overloaded_error",
-  [504] = "timeout_error",
-  [529] = "overloaded_error",
-}
 
 -- Raw contents of the first "key":"..." string in text (escapes kept), or nil.
 local function string_field(text, key)
@@ -68,11 +36,26 @@ local function string_field(text, key)
   return nil
 end
 
+local function quoted(raw)
+  return '"' .. raw .. '"'
+end
+
 local function quoted_or_null(raw)
   if raw == nil or raw == "" then
     return "null"
   end
-  return '"' .. raw .. '"'
+  return quoted(raw)
+end
+
+--[[ RENDERED: ERROR_TYPES, SERVER_ERROR_TYPE, CLIENT_ERROR_TYPE, SHAPED_PREFIXES, error_body ]]
+
+local function already_shaped(text)
+  for _, prefix in ipairs(SHAPED_PREFIXES) do
+    if string.sub(text, 1, #prefix) == prefix then
+      return true
+    end
+  end
+  return false
 end
 
 function envoy_on_response(handle)
@@ -85,7 +68,7 @@ function envoy_on_response(handle)
   if body ~= nil and body:length() > 0 then
     text = body:getBytes(0, body:length())
   end
-  if string.sub(text, 1, 9) == '{"error":' or string.sub(text, 1, 16) == '{"type":"error",' then
+  if already_shaped(text) then
     return
   end
   local message = string_field(text, "message")
@@ -93,20 +76,13 @@ function envoy_on_response(handle)
     -- Not JSON we know (e.g. an empty gRPC error body): fall back to the status line.
     message = "HTTP " .. status
   end
-  local out
-  if SHAPE == "anthropic" then
-    local error_type = ANTHROPIC_TYPES[status] or (status >= 500 and "api_error" or "invalid_request_error")
-    out = '{"type":"error","error":{"type":"' .. error_type .. '","message":"' .. message .. '"}}'
-  else
-    local reason = string_field(text, "reason")
-    if reason ~= nil then
-      -- Envoy's own reasons look like `grpc_json_transcode_failure{NOT_FOUND}`: keep codes snake_case.
-      reason = string.gsub(string.gsub(string.lower(reason), "[^%w_]+", "_"), "_+$", "")
-    end
-    local error_type = OPENAI_TYPES[status] or (status >= 500 and "server_error" or "invalid_request_error")
-    out = '{"error":{"message":"' .. message .. '","type":"' .. error_type .. '","code":'
-      .. quoted_or_null(reason) .. ',"param":' .. quoted_or_null(string_field(text, "field")) .. "}}"
+  local reason = string_field(text, "reason")
+  if reason ~= nil then
+    -- Envoy's own reasons look like `grpc_json_transcode_failure{NOT_FOUND}`: keep codes snake_case.
+    reason = string.gsub(string.gsub(string.lower(reason), "[^%w_]+", "_"), "_+$", "")
   end
+  local error_type = ERROR_TYPES[status] or (status >= 500 and SERVER_ERROR_TYPE or CLIENT_ERROR_TYPE)
+  local out = error_body(message, error_type, reason, string_field(text, "field"))
   if body ~= nil then
     body:setBytes(out)
   end

@@ -21,10 +21,11 @@ import string
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from deploy.envoy import api_errors
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 TEMPLATE = HERE / "envoy.yaml.tmpl"
-LUA = HERE / "api_errors.lua"
 HYGIENE_LUA = HERE / "request_hygiene.lua"
 DEFAULT_DESCRIPTOR = ROOT / "gen" / "descriptor.pb"
 
@@ -254,13 +255,6 @@ def lb_endpoints(settings: EnvoySettings) -> list[dict]:
             for port in ports]
 
 
-def lua_source(shape: str) -> str:
-    """api_errors.lua for one API's error shape ("openai" or "anthropic")."""
-    source = LUA.read_text(encoding="utf-8")
-    assert 'local SHAPE = "openai"' in source
-    return source.replace('local SHAPE = "openai"', f'local SHAPE = "{shape}"')
-
-
 def codec_max_request_headers_count(settings: EnvoySettings) -> int:
     """The codec's header count limit: as many fields as fit in its byte limit under RFC 7541
     accounting (32 bytes a field at least), so that the codec never resets an HTTP/2 stream (no
@@ -285,9 +279,9 @@ def render(settings: EnvoySettings) -> str:
     # JSON is valid YAML flow syntax, so generated blocks drop into the template as one line.
     values["local_reply_config"] = json.dumps(local_reply_config())
     # A JSON string literal is a valid YAML double-quoted scalar: embeds the Lua source verbatim,
-    # once per API error shape.
-    for shape in ("openai", "anthropic"):
-        values[f"{shape}_errors_lua"] = json.dumps(lua_source(shape))
+    # once per API error shape, its tables rendered from the surface that owns the shape.
+    for shape in api_errors.SHAPES:
+        values[f"{shape}_errors_lua"] = json.dumps(api_errors.lua_source(shape))
     return string.Template(TEMPLATE.read_text(encoding="utf-8")).substitute(values)
 
 

@@ -11,7 +11,7 @@ from surface_harness import GOLDEN, EchoBackend, collect, http, make_runner, sse
 from services.common.errors import Code, MstarError, internal
 from services.preprocess.chat_template import ChatMessage
 from services.preprocess.request import Accepted, Chunk, Complete, Failed, KeepAlive, Profile, RequestSpec
-from services.preprocess.surfaces.anthropic import render
+from services.preprocess.surfaces.anthropic import errors, render
 from services.preprocess.surfaces.anthropic.endpoints import count_tokens, create_message
 
 USER = [{"role": "user", "content": "Say hello."}]
@@ -86,7 +86,7 @@ def test_stop_reasons(reason, stop, expected):
 
 
 def test_error_object_shape():
-    assert render.error_object(internal("boom")) == {"type": "error", "error": {"type": "api_error",
+    assert errors.error_object(internal("boom")) == {"type": "error", "error": {"type": "api_error",
                                                                                "message": "boom"}}
 
 

@@ -36,6 +36,7 @@ import json
 from services.common.errors import MstarError
 from services.preprocess.finish import FinishReason
 from services.preprocess.request import Accepted, Chunk, Complete, Failed, KeepAlive
+from services.preprocess.surfaces.anthropic.errors import cancelled_error, error_object
 from services.preprocess.surfaces.http import Frame, KeepAlivePacer, sse
 from services.preprocess.tools import CallStream, ToolCall
 from services.preprocess.tools import parse as parse_calls
@@ -47,36 +48,6 @@ STOP_REASONS = {
     # Anthropic has no "cancelled" stop reason: a cancelled message ends with an error instead.
     FinishReason.CANCELLED: None,
 }
-
-# HTTP status → Anthropic error `type`. deploy/envoy/api_errors.lua holds the same table for
-# errors that end the call before the first byte; a unit test keeps them equal.
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    409: "invalid_request_error",
-    413: "request_too_large",
-    415: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "api_error",
-    503: "overloaded_error",
-    504: "timeout_error",
-    529: "overloaded_error",
-}
-
-
-def error_type(http_status: int) -> str:
-    return ERROR_TYPES.get(http_status, "api_error" if http_status >= 500 else "invalid_request_error")
-
-
-def error_object(err: MstarError) -> dict:
-    return {"type": "error", "error": {"type": error_type(err.http_status), "message": err.message}}
-
-
-def cancelled_error() -> dict:
-    return {"type": "error", "error": {"type": "api_error", "message": "the request was cancelled"}}
-
 
 def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict:
     """A whole message's usage (the engine's cache hit known)."""

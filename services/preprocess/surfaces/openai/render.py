@@ -15,43 +15,10 @@ from dataclasses import dataclass
 from services.common.errors import MstarError
 from services.preprocess.finish import FinishReason
 from services.preprocess.surfaces.http import Frame, sse, sse_frame
+from services.preprocess.surfaces.openai.errors import error_object
 from services.preprocess.tools import ToolCall
 
 DONE = sse_frame(b"data: [DONE]\n\n")
-
-# HTTP status → OpenAI error `type`. deploy/envoy/api_errors.lua holds the same table (the Lua
-# filter reshapes errors that end the call before the first byte); a unit test keeps them equal.
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    409: "conflict_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    499: "cancelled_error",
-    500: "server_error",
-    501: "not_implemented_error",
-    503: "service_unavailable_error",
-    504: "timeout_error",
-}
-
-
-def error_type(http_status: int) -> str:
-    return ERROR_TYPES.get(http_status, "server_error" if http_status >= 500 else "invalid_request_error")
-
-
-def error_object(err: MstarError) -> dict:
-    """OpenAI's error shape; `code` is mstar's ErrorInfo reason in lower case, `param` the field."""
-    return {
-        "error": {
-            "message": err.message,
-            "type": error_type(err.http_status),
-            "code": err.reason.lower() if err.reason else None,
-            "param": err.field_violations[0].field if err.field_violations else None,
-        }
-    }
-
 
 def error_frames(err: MstarError) -> list[Frame]:
     """A failure after the stream started: an in-band error chunk, then [DONE]."""
