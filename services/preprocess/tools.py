@@ -22,11 +22,15 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from services.common.contract import declared
 from services.common.structured_output import StructuredOutput, tool_call_tag
 
 TRIGGER = "<tool_call>"
 END = "}\n</tool_call>"
 AUTO, NONE, REQUIRED = "auto", "none", "required"
+# A request's tools: each is one tag of the contract's ToolCallFormat, so the surfaces' `tools`
+# lists are bounded by its declared count.
+MAX_TOOLS = declared("mstar.v1.ToolCallFormat", "tags").max_items
 
 
 def begin(name: str) -> str:

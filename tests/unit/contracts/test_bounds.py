@@ -166,3 +166,25 @@ def test_the_vendored_validate_proto_is_the_runtime_s():
     ours = descriptor_pb2.FileDescriptorProto()
     validate_pb2.DESCRIPTOR.CopyToProto(ours)
     assert _comparable(ours) == _comparable(_embedded_validate_descriptor())
+
+
+def _max_items(body, name: str) -> int:
+    for meta in body.model_fields[name].annotation.__args__[0].__metadata__:
+        for rule in getattr(meta, "metadata", ()):
+            if hasattr(rule, "max_length"):
+                return rule.max_length
+    raise AssertionError(f"{body.__name__}.{name} has no max_length")
+
+
+def test_the_copies_of_declared_bounds_are_the_contract_s():
+    """Bounds the surfaces' bodies and the pure modules (which cannot read descriptors) state are
+    the contract's: a request's tools are ToolCallFormat tags, an error's message a RequestFailed's."""
+    from services.common import structured_output
+    from services.preprocess.surfaces.anthropic.body import MessagesBody
+    from services.preprocess.surfaces.openai.body import ChatBody
+    from services.preprocess.surfaces.responses.body import ResponsesBody
+
+    tags = contract.bounds(pb.ToolCallFormat, "tags").max_items
+    assert [_max_items(body, "tools") for body in (ChatBody, MessagesBody, ResponsesBody)] == [tags] * 3
+    assert structured_output.MAX_TOOLS == tags
+    assert errors.MAX_MESSAGE_CHARS == contract.bounds(pb.RequestFailed, "message").max_len

@@ -24,6 +24,7 @@ from services.preprocess.surfaces.http import (
     string_or_list,
     unsupported,
 )
+from services.preprocess.tools import MAX_TOOLS
 
 TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 
@@ -92,7 +93,7 @@ class _Conversation(Body):
     model: fields.Model
     messages: list[Message] = Field(min_length=1, max_length=fields.MAX_MESSAGES)
     system: Content | None = None
-    tools: Annotated[list[ToolDef], Field(max_length=128)] | None = None
+    tools: Annotated[list[ToolDef], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     # Extended thinking is not supported (neutral values pass).
     thinking: unsupported({"type": "disabled"}) = None

@@ -25,6 +25,7 @@ from services.preprocess.surfaces.http import (
     string_or_list,
     unsupported,
 )
+from services.preprocess.tools import MAX_TOOLS
 
 INT32_MAX = 2**31 - 1
 # OpenAI's documented default for the legacy completions endpoint.
@@ -205,7 +206,7 @@ class ChatBody(_Common):
     max_tokens: fields.sampling("max_tokens") = Field(None, description="Deprecated name of max_completion_tokens.")
     logprobs: bool | None = None
     top_logprobs: fields.sampling("logprobs") = None
-    tools: Annotated[list[ToolDef], Field(max_length=128)] | None = None
+    tools: Annotated[list[ToolDef], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     # Not supported; neutral values pass.

@@ -27,6 +27,7 @@ from services.preprocess.surfaces.http import (
     string_or_list,
     unsupported,
 )
+from services.preprocess.tools import MAX_TOOLS
 
 # OpenAI's documented limits on `metadata` (part of the Responses API itself).
 MAX_METADATA_PAIRS = 16
@@ -141,7 +142,7 @@ class ResponsesBody(Body):
     safety_identifier: Ignored = None
     stream_options: Ignored = None
     include: Ignored = None
-    tools: Annotated[list[FunctionTool], Field(max_length=128)] | None = None
+    tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
