@@ -9,6 +9,7 @@ warning), or, when unset, whatever fits in the context and the pool.
 from __future__ import annotations
 
 from services.common import errors
+from services.common.prompt_fit import prompt_too_long
 from services.generation.block_manager import BlockManager
 from services.generation.sequence import Sequence
 
@@ -23,13 +24,9 @@ def check_prompt_tokens(token_ids: list[int], num_prompt_tokens: int, runner, bl
         return errors.invalid_argument(
             "prompt_token_ids", f"token id {bad} is outside the vocabulary [0, {vocab})", "TOKEN_OUT_OF_VOCAB"
         )
-    if num_prompt_tokens + output_tokens > runner.max_model_len:
-        return errors.invalid_argument(
-            "prompt_token_ids",
-            f"prompt has {num_prompt_tokens} tokens; the context holds {runner.max_model_len}"
-            + (" including output" if output_tokens else ""),
-            "PROMPT_TOO_LONG",
-        )
+    too_long = prompt_too_long(num_prompt_tokens, runner.max_model_len, "prompt_token_ids", output_tokens)
+    if too_long is not None:
+        return too_long
     if num_prompt_tokens > block_manager.num_tokens:
         return errors.resource_exhausted(
             f"prompt has {num_prompt_tokens} tokens; the KV cache holds {block_manager.num_tokens}",

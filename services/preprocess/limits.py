@@ -101,18 +101,6 @@ def validate_extra(keys: tuple[str, ...]) -> None:
         raise invalid_argument(f"input.model_kwargs.extra[{quote(min(keys), 32)}]", "unknown model argument")
 
 
-def check_prompt_fits(prompt_tokens: int, context_length: int, field: str, output_tokens: int = 1) -> None:
-    """A prompt must leave room for at least one generated token (an embedding's, none)."""
-    if prompt_tokens + output_tokens > context_length:
-        room = " (prompt + at least 1 generated token)" if output_tokens else ""
-        err = invalid_argument(
-            field, f"prompt is {prompt_tokens} tokens; the context holds {context_length}{room}",
-            reason="PROMPT_TOO_LONG",
-        )
-        err.metadata.update(prompt_tokens=str(prompt_tokens), context_length=str(context_length))
-        raise err
-
-
 def check_embedding(e: EmbeddingSpec, hidden_size: int, surface: str) -> None:
     """`dimensions` at most the model's hidden size (when known; the engine checks it too)."""
     if e.dimensions is not None and hidden_size and not 1 <= e.dimensions <= hidden_size:

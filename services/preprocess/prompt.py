@@ -22,6 +22,7 @@ repeated until the held text has doubled, so the pre-tokenizer scans O(total) ch
 from __future__ import annotations
 
 from services.common.errors import invalid_argument
+from services.common.prompt_fit import check_prompt_fits
 from services.preprocess.chat_template import ChatTemplateError
 from services.preprocess.input_names import InputNames, input_names
 from services.preprocess.limits import check_token_ids
@@ -167,15 +168,7 @@ class PromptBuilder:
         # Tokenizing runs on the event loop (~0.8 s per MB here): a text that cannot fit whatever
         # it tokenizes to (every token is at most max_token_bytes long) is refused without it.
         min_tokens = -(-self._pending_bytes // self._tokenizer.max_token_bytes)
-        if self.num_tokens + min_tokens >= self._model.context_length:
-            err = invalid_argument(
-                where,
-                f"prompt is at least {self.num_tokens + min_tokens} tokens; the context holds "
-                f"{self._model.context_length} (prompt + at least 1 generated token)",
-                reason="PROMPT_TOO_LONG",
-            )
-            err.metadata.update(context_length=str(self._model.context_length))
-            raise err
+        check_prompt_fits(self.num_tokens + min_tokens, self._model.context_length, where, at_least=True)
 
     def _commit(self, final: bool) -> list[int]:
         if not final and self._pending_chars < self._next_scan_chars:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from services.common import hop_trace
 from services.common.errors import Code, MstarError, failed_precondition, renamed
+from services.common.prompt_fit import check_prompt_fits
 from services.preprocess import limits as caps
 from services.preprocess.admission import Admission, Ticket
 from services.preprocess.backend_events import (
@@ -392,4 +393,4 @@ class RequestRun:
 
     def _check_fits(self, field: str) -> None:
         output_tokens = 0 if self.spec.embedding is not None else 1
-        caps.check_prompt_fits(self.prompt_tokens, self._deps.model.context_length, field, output_tokens)
+        check_prompt_fits(self.prompt_tokens, self._deps.model.context_length, field, output_tokens)

@@ -36,8 +36,8 @@ from services.common.errors import (
     quote,
 )
 from services.common.metrics import PreprocessMetrics
+from services.common.prompt_fit import check_prompt_fits
 from services.common.serving import ServingState
-from services.preprocess import limits as caps
 from services.preprocess.client import principal as principal_of
 from services.preprocess.input_names import input_names
 from services.preprocess.model import ModelSpec
@@ -132,7 +132,7 @@ class RequestRunner:
             raise not_found(f"request {quote(spec.request_id)} is not running", reason="REQUEST_NOT_FOUND")
         model = self.deps.model
         least = min_prompt_tokens(spec.parts, model.tokenizer.max_token_bytes)
-        caps.check_prompt_fits(run.prompt_tokens + least, model.context_length, "append.chunks")
+        check_prompt_fits(run.prompt_tokens + least, model.context_length, "append.chunks")
         run.append(spec, charged)
         return run
 
@@ -211,8 +211,8 @@ class RequestRunner:
                 raise invalid_argument(names.messages, f"at most {_MAX_MESSAGES} messages in one conversation")
             least = min_prompt_tokens(spec.parts, model.tokenizer.max_token_bytes, spec.text,
                                       *(m.content for m in spec.messages))
-            caps.check_prompt_fits(least, model.context_length, names.messages if spec.messages else names.text,
-                                   output_tokens=0 if spec.embedding is not None else 1)
+            check_prompt_fits(least, model.context_length, names.messages if spec.messages else names.text,
+                              output_tokens=0 if spec.embedding is not None else 1)
         except MstarError as err:
             self.metrics.on_admission_rejected(err.reason)
             raise

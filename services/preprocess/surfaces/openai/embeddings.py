@@ -27,6 +27,7 @@ from pydantic import BeforeValidator, Discriminator, Field, Tag
 from pydantic_core import PydanticCustomError
 
 from services.common import errors
+from services.common.prompt_fit import check_prompt_fits
 from services.common.sampling_fields import EMBEDDINGS
 from services.preprocess.prompt import min_prompt_tokens
 from services.preprocess.request import TOKENS, Complete, EmbeddingSpec, Failed, Part, RequestSpec, Tensor
@@ -147,8 +148,8 @@ def _token_ids(body: EmbeddingBody, i: int, item: str | list[int], runs: RunScop
     model = runs.runner.model
     where, context = body.field(i), model.context_length
     if isinstance(item, str):
-        if min_prompt_tokens((), model.tokenizer.max_token_bytes, item) > context:  # before tokenizing
-            raise field_error(where, f"is longer than the context ({context} tokens)", reason="PROMPT_TOO_LONG")
+        least = min_prompt_tokens((), model.tokenizer.max_token_bytes, item)  # before tokenizing
+        check_prompt_fits(least, context, where, output_tokens=0, at_least=True)
         ids = model.tokenizer.encode(item)
     else:
         ids = item
@@ -158,8 +159,7 @@ def _token_ids(body: EmbeddingBody, i: int, item: str | list[int], runs: RunScop
             path = f"input[{bad}]" if body.is_flat_tokens else f"{where}[{bad}]"
             raise field_error(path, f"token id {ids[bad]} is outside the vocabulary [0, {vocab})",
                               reason="TOKEN_OUT_OF_VOCAB")
-    if len(ids) > context:
-        raise field_error(where, f"is {len(ids)} tokens; the context holds {context}", reason="PROMPT_TOO_LONG")
+    check_prompt_fits(len(ids), context, where, output_tokens=0)
     if not ids:
         raise field_error(where, "has no tokens")
     return ids
