@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from deploy.envoy import api_errors
+from services.common.errors import HTTP_STATUS, Code
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -93,10 +94,21 @@ VARIANTS = {
 COMMITTED = {"compose": HERE / "envoy.compose.yaml", "k8s": ROOT / "deploy" / "k8s" / "envoy-config.yaml"}
 
 
-# HTTP status of an Envoy local reply → the gRPC code a transcoded error with that status carries
-# (the inverse of services/common/errors.py HTTP_STATUS), so both error sources share one shape.
-LOCAL_REPLY_GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 405: 12, 408: 4, 413: 8, 415: 3, 429: 8, 431: 8, 499: 1,
-                          500: 13, 501: 12, 502: 14, 503: 14, 504: 4}
+# HTTP status of an Envoy local reply → the gRPC code a transcoded error with that status carries,
+# so both error sources share one shape: for a status services/common/errors.py HTTP_STATUS maps
+# codes to, its first code (INTERNAL for 500, which UNKNOWN and DATA_LOSS share too); for the
+# statuses only Envoy's own replies carry, the code that means the same.
+ENVOY_ONLY_STATUS_CODES = {405: Code.UNIMPLEMENTED, 408: Code.DEADLINE_EXCEEDED, 413: Code.RESOURCE_EXHAUSTED,
+                           415: Code.INVALID_ARGUMENT, 431: Code.RESOURCE_EXHAUSTED, 502: Code.UNAVAILABLE}
+
+
+def local_reply_grpc_codes() -> dict[int, int]:
+    codes: dict[int, Code] = {}
+    for code, status in HTTP_STATUS.items():
+        if status >= 400:
+            codes.setdefault(status, code)
+    codes.update({500: Code.INTERNAL, **ENVOY_ONLY_STATUS_CODES})
+    return {status: int(code) for status, code in sorted(codes.items())}
 
 
 # Reasons for the local replies whose Envoy detail says nothing to a client ("direct_response",
@@ -155,7 +167,7 @@ def local_reply_config() -> dict:
                      LOCAL_REPLY_MESSAGES.get(status, "%LOCAL_REPLY_BODY%")),
                  **({"headers_to_add": [{"header": {"key": "retry-after", "value": str(LOCAL_RETRY_AFTER_S)}}]}
                     if status == 503 else {})}
-                for status, code in LOCAL_REPLY_GRPC_CODES.items()]
+                for status, code in local_reply_grpc_codes().items()]
     return {"mappers": mappers, "body_format": _error_body(2)}
 
 

@@ -116,3 +116,15 @@ def test_compose_services_scale():
     assert command[command.index("--generation") + 1] == "generation:50052"
     assert command[command.index("--peers") + 1] == "preprocess:50051"
     assert render.VARIANTS["compose"].upstream_host == "preprocess"
+
+
+def test_local_replies_carry_the_grpc_code_whose_status_they_have():
+    """An Envoy local reply and a transcoded error with the same HTTP status name the same gRPC
+    code, read from the one gRPC -> HTTP table (services/common/errors.py)."""
+    from services.common.errors import HTTP_STATUS, Code
+
+    codes = render.local_reply_grpc_codes()
+    for status, code in codes.items():
+        if status not in render.ENVOY_ONLY_STATUS_CODES:
+            assert HTTP_STATUS[Code(code)] == status
+    assert set(codes) >= {s for s in HTTP_STATUS.values() if s >= 400} and codes[500] == Code.INTERNAL
