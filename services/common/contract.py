@@ -34,9 +34,6 @@ from google.protobuf.message import Message
 
 from services.common import errors
 
-# At most this many violations are reported per request (the first ones, in field order).
-MAX_VIOLATIONS = 16
-
 _validator = protovalidate.Validator()
 
 
@@ -52,7 +49,7 @@ def check(
     if not found and cost is not None:
         cost(msg)
     if not found:
-        for v in _validator.collect_violations(msg)[:MAX_VIOLATIONS]:
+        for v in _validator.collect_violations(msg)[:errors.MAX_VIOLATIONS]:
             found.append(errors.FieldViolation(_join(prefix, _path(v.proto.field)), v.proto.message))
     if found:
         raise violations_error(found)
@@ -65,7 +62,7 @@ def violations_error(found: list[errors.FieldViolation]) -> errors.MstarError:
         errors.Code.INVALID_ARGUMENT,
         "INVALID_FIELD",
         f"{first.field}: {first.description}{more}",
-        field_violations=found[:MAX_VIOLATIONS],
+        field_violations=found[:errors.MAX_VIOLATIONS],
         metadata={"field": first.field},
     )
 
@@ -75,7 +72,7 @@ def violations_error(found: list[errors.FieldViolation]) -> errors.MstarError:
 
 def _check_counts(msg: Message, path: str, found: list[errors.FieldViolation]) -> None:
     for fd, value in msg.ListFields():
-        if len(found) >= MAX_VIOLATIONS:
+        if len(found) >= errors.MAX_VIOLATIONS:
             return
         where = _join(path, fd.name)
         if fd.message_type is not None and fd.message_type.full_name.startswith("google.protobuf."):

@@ -64,10 +64,13 @@ HTTP_STATUS = {
 # error event) or a log line. Errors quote client input only through `quote` (a short, escaped
 # prefix): an error that echoed a 1 MB id once made Envoy reset the shared upstream connection
 # and failed every other client's streams (issue 13, finding 10). 1024 = RequestFailed.message's
-# declared bound (protos/mstar/v1/messages.proto).
+# declared bound (protos/mstar/v1/messages.proto; tests/unit/contracts/test_bounds.py keeps them equal).
 MAX_MESSAGE_CHARS = 1024
 MAX_FIELD_CHARS = 256
 QUOTE_CHARS = 48
+# At most this many field violations in one error (the first ones, in field order): the contract's
+# check and the HTTP bodies' validation alike.
+MAX_VIOLATIONS = 16
 
 
 def quote(value: object, limit: int = QUOTE_CHARS) -> str:

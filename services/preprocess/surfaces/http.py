@@ -33,7 +33,6 @@ from services.preprocess import json_text
 
 JSON = "application/json"
 SSE = "text/event-stream"
-_MAX_VIOLATIONS = 16
 
 
 @dataclass(frozen=True)
@@ -166,7 +165,7 @@ _MESSAGES = {"extra_forbidden": "unknown field", "missing": "required",
 def validation_error(exc: ValidationError) -> errors.MstarError:
     violations = []
     reason = "INVALID_FIELD"
-    for i, e in enumerate(exc.errors(include_url=False, include_input=False)[:_MAX_VIOLATIONS]):
+    for i, e in enumerate(exc.errors(include_url=False, include_input=False)[:errors.MAX_VIOLATIONS]):
         kind = e["type"]
         path = path_of(e["loc"], client_key_last=kind == "extra_forbidden") or "body"
         message = _MESSAGES.get(kind) or _message(e)
