@@ -62,9 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="HOST:PORT the peers know this replica by (default: this host's address and --port)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50051, help="0 picks a free port (logged)")
-    p.add_argument("--max-requests", type=int, default=64, help="admission: requests in flight")
+    p.add_argument("--max-requests", type=int, default=AdmissionLimits.max_requests, help="admission: requests in flight")
     p.add_argument(
-        "--max-prompt-tokens", type=int, default=256 * 1024, help="admission: prompt tokens in flight"
+        "--max-prompt-tokens", type=int, default=AdmissionLimits.max_prompt_tokens, help="admission: prompt tokens in flight"
     )
     p.add_argument("--max-requests-per-client", type=int, default=None,
                    help="admission: requests in flight of one client (API key, else client address); "
@@ -73,13 +73,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="admission: requests whose input is open; default 1/2 of --max-requests")
     p.add_argument("--max-open-inputs-per-client", type=int, default=None,
                    help="admission: requests whose input is open, per client; default 1/4 of --max-requests")
-    p.add_argument("--max-tokens-cap", type=int, default=8192, help="largest max_tokens accepted")
+    p.add_argument("--max-tokens-cap", type=int, default=Limits.max_tokens_cap, help="largest max_tokens accepted")
     p.add_argument("--default-max-tokens", type=int, default=None,
                    help="max_tokens of a request that sets none (default: whatever fits in the context)")
-    p.add_argument("--max-input-bytes", type=int, default=8 * 1024 * 1024, help="input bytes per stream")
-    p.add_argument("--max-appends", type=int, default=4096, help="appends per stream")
+    p.add_argument("--max-input-bytes", type=int, default=Limits.max_input_bytes, help="input bytes per stream")
+    p.add_argument("--max-appends", type=int, default=Limits.max_appends, help="appends per stream")
     p.add_argument("--file-root", type=Path, default=None, help="allow file_path inputs under this directory")
-    p.add_argument("--max-file-bytes", type=int, default=4 * 1024 * 1024)
+    p.add_argument("--max-file-bytes", type=int, default=Limits.max_file_bytes)
     p.add_argument("--keepalive-s", type=float, default=2.0, help="KeepAlive period while waiting")
     p.add_argument("--input-idle-s", type=float, default=60.0,
                    help="fail a request whose open input receives nothing for this long")

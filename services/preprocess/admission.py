@@ -37,8 +37,8 @@ class AdmissionLimits:
     max_open_inputs: int = 32
     max_open_inputs_per_client: int = 16
 
-    @classmethod
-    def sized(cls, max_requests: int = 64, max_prompt_tokens: int = 256 * 1024, *,
+    @classmethod  # the defaults are the fields' own (names of this class body)
+    def sized(cls, max_requests: int = max_requests, max_prompt_tokens: int = max_prompt_tokens, *,
               max_requests_per_client: int | None = None, max_open_inputs: int | None = None,
               max_open_inputs_per_client: int | None = None) -> AdmissionLimits:
         """The shares as fractions of `max_requests` unless given: 3/4 per client, open inputs
