@@ -14,7 +14,7 @@ core, though not to them sharing its caches and memory bandwidth).
 
 Variants (bench/step_profile.py VARIANTS): default = what `make run` serves (a GGUF's own block
 codes through kernels/cpu, compiled decode graphs; on CUDA bf16, Triton, CUDA graphs),
-default-eager = the same with --no-compile, float32 = the exact HF oracle (reference kernels),
+default-eager = the same with --step eager, float32 = the exact HF oracle (reference kernels),
 bfloat16 = dense bf16. HF runs in fp32 on CPU (the baseline a Python user reaches for) and bf16
 on CUDA. --profile adds bench/step_profile.py's per-part table for B = 1 and 16. Optional mixed
 workload (--mixed-requests R): R requests with random prompt (16-256) and output (16-128)
@@ -186,7 +186,7 @@ def main() -> None:
         runners = {name: make_runner(name, checkpoint, device, threads) for name in args.variants}
         for name, runner in runners.items():
             ours_decode(runner, 2, args.prompt_len, 4)  # warm-up
-            print(f"{name}: {runner.numerics.describe()}", flush=True)
+            print(f"{name}: {runner.numerics.describe()}; step {runner.step.name}", flush=True)
         for batch in args.batches:
             best: dict[str, torch.Tensor] = {}  # name -> best (wall, CPU) rate over the rounds
             for _ in range(args.rounds):

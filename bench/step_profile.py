@@ -38,7 +38,7 @@ from services.generation.weights.locate import load_checkpoint
 # name -> RunnerConfig fields (fields an older RunnerConfig lacks are dropped)
 VARIANTS = {
     "default": {},  # what `make run` serves: the GGUF's codes, C++ kernels, compiled decode (this branch)
-    "default-eager": {"compile": False},
+    "default-eager": {"step": "eager"},
     "float32": {"dtype": "float32", "quantization": "none"},  # the HF oracle (reference kernels, eager)
     "bfloat16": {"dtype": "bfloat16", "quantization": "none"},
     "gguf-q4": {"dtype": "bfloat16", "quantization": "gguf"},  # before this branch: torch's int4 matmul

@@ -10,8 +10,9 @@ Backends differ in ``attention`` (RoPE + KV-cache write + paged attention of one
 fused C++ call on "cpu", the three separate ops elsewhere; and "cpu" draws all-greedy batches with
 a vectorised C++ argmax (``greedy``, and ``sample`` when every row is greedy). The cheap
 elementwise ops (rms_norm, silu_and_mul) are the references on CPU; torch.compile fuses them into
-the compiled step, and a GGUF's codes skip them: kernels/cpu decoder_stack does them in C++
-(services/generation/fused_step.py).
+the compiled step. ``decoder_stack`` (every decoder layer of a model whose projections are a GGUF's
+block codes, in one C++ call: services/generation/fused_step.py) exists on "cpu" only; the other
+backends raise NotImplementedError, and ``supports("decoder_stack")`` says so beforehand.
 Triton and the C++ library are imported/loaded only inside ``create`` when chosen, so importing
 this module costs torch only. The choice is logged once per ``create``. Shapes: T tokens in the
 step, B sequences, Hq/Hk query/KV heads, D head dim, NB cache blocks of BS slots.
@@ -80,7 +81,8 @@ def _cpu_impls() -> dict[str, Callable]:
             return cpu.argmax_rows(logits)
         return reference.sample_ref(logits, temperature, top_k, top_p, min_p, seeds, offsets)
 
-    return _reference_impls() | {"attention": cpu.attention, "sample": sample, "greedy": cpu.greedy_rows}
+    return _reference_impls() | {"attention": cpu.attention, "sample": sample, "greedy": cpu.greedy_rows,
+                                 "decoder_stack": cpu.decoder_stack}
 
 
 def _check_interpreter() -> None:
@@ -136,6 +138,10 @@ class KernelOps:
         dtype: torch.dtype = torch.float32,
     ) -> torch.Tensor:  # [max_positions, head_dim] = cat(cos, sin)
         return build_cos_sin_cache(head_dim, max_positions, theta, device, dtype)
+
+    def supports(self, op: str) -> bool:
+        """Whether this backend runs op: every op runs on every backend but decoder_stack ("cpu" only)."""
+        return op != "decoder_stack" or "decoder_stack" in self._impl
 
     def rms_norm(
         self,
@@ -226,3 +232,29 @@ class KernelOps:
         """Each row's argmax (first index on ties), or -1 for a row holding a NaN or an infinity:
         the whole draw of an all-greedy batch, its finiteness check included."""
         return self._impl["greedy"](logits)
+
+    def decoder_stack(
+        self,
+        h: torch.Tensor,  # [T, H] fp32, the step's embeddings
+        norms: list[torch.Tensor],  # each layer's input and post-attention norm [H], then the final norm
+        weights: list,  # each layer's qkv, o, gate_up and down projections as kernels.cpu.PackedWeight
+        k_caches: list[torch.Tensor],  # per layer [NB, BS, Hk, D], written at slot_mapping
+        v_caches: list[torch.Tensor],  # per layer [NB, BS, Hk, D]
+        positions: torch.Tensor,  # [T] int64
+        slot_mapping: torch.Tensor,  # [T] int64, -1 = skip
+        block_tables: torch.Tensor,  # [B, max_blocks] int32, contiguous
+        cu_seqlens_q: torch.Tensor,  # [B + 1] int32
+        context_lens: torch.Tensor,  # [B] int32
+        logits_indices: torch.Tensor,  # [S] int64
+        cos_sin_cache: torch.Tensor,  # [max_pos, D] fp32
+        num_heads: int,
+        num_kv_heads: int,
+        scale: float,
+        eps: float,
+    ) -> torch.Tensor:  # [S, H] fp32 final hidden states (after the final norm) at logits_indices
+        """Every decoder layer and the final norm in one call (the "cpu" backend's C++ op)."""
+        fused = self._impl.get("decoder_stack")
+        if fused is None:
+            raise NotImplementedError(f"decoder_stack runs on the cpu kernel backend only, not {self.backend}")
+        return fused(h, norms, weights, k_caches, v_caches, positions, slot_mapping, block_tables, cu_seqlens_q,
+                     context_lens, logits_indices, cos_sin_cache, num_heads, num_kv_heads, scale, eps)

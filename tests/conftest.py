@@ -1,7 +1,7 @@
 """Suite-wide settings.
 
-MSTAR_COMPILE=0: every generation service a test starts (stacks, servers) runs its decode steps
-eagerly. Compiling the default model's decode graphs costs a minute on a cold Inductor cache, per
+MSTAR_STEP=eager: every generation service a test starts (stacks, servers) runs its steps op by
+op (services/generation/step_choice.py). Compiling the default model's decode graphs costs a minute on a cold Inductor cache, per
 distinct graph; the compiled path has its own tests (tests/unit/generation/test_compiled_step.py,
 and a slow one on the default model), the rest of the suite tests behaviour, not the compiler.
 
@@ -14,5 +14,5 @@ test` runs the whole suite in it. The kernel build reads the real CPU (kernels/c
 
 import os
 
-os.environ.setdefault("MSTAR_COMPILE", "0")
+os.environ.setdefault("MSTAR_STEP", "eager")
 os.environ.setdefault("MSTAR_CPU_FLAGS", "avx2 fma f16c")

@@ -29,6 +29,7 @@ from services.generation import heap
 from services.generation.engine import Engine, EngineConfig, SamplingParams
 from services.generation.faults import attach_boundaries, install_from_env
 from services.generation.servicer import GenerationServicer
+from services.generation.step_choice import MODES, STEP_ENV
 from services.generation.torch_thread import TorchThread
 from services.generation.watchdog import DEFAULT_TIMEOUT_S, watch_engine
 
@@ -57,11 +58,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "--dtype float32 --quantization none is the exact HF oracle")
     p.add_argument("--kernels", default="auto", choices=["auto", "cpu", "reference"],
                    help="CPU ops: cpu (compiled C++, kernels/cpu) or reference (plain torch, the oracle)")
-    p.add_argument("--no-compile", dest="compile", action="store_false",
-                   default=os.environ.get("MSTAR_COMPILE", "1") != "0",
-                   help="run every step eagerly, op by op (debugging; also MSTAR_COMPILE=0); default: a GGUF's "
-                        "codes on CPU as one C++ call per step (services/generation/fused_step.py), other "
-                        "models as compiled code built at warm-up (compiled_step.py)")
+    p.add_argument("--step", default=os.environ.get(STEP_ENV, "auto"), choices=MODES,
+                   help=f"how a step runs (default ${STEP_ENV}, else auto; services/generation/step_choice.py): "
+                        "auto: a GGUF's codes on CPU as one C++ call (fused), other models on CPU as one Inductor "
+                        "graph built at warm-up (graph), CUDA graphs on CUDA, the reference kernels eager; "
+                        "eager: op by op (debugging; the test suite's); graph, fused: that step or a start-up error")
     p.add_argument("--embedding-pooling", default="mean", choices=["mean", "last"],
                    help="how embedding requests pool the final hidden states of their prompt (docs/design.md)")
     p.add_argument("--kv-blocks", type=int, default=1024)
@@ -113,7 +114,7 @@ def build_runner(args):
     t1 = time.monotonic()
     config = RunnerConfig(args.kv_blocks, args.block_size, args.device, args.threads, dtype=args.dtype,
                           kv_cache_dtype=args.kv_cache_dtype,
-                          quantization=args.quantization, kernels=args.kernels, compile=args.compile,
+                          quantization=args.quantization, kernels=args.kernels, step=args.step,
                           max_num_seqs=args.max_num_seqs, pooling=args.embedding_pooling)
     runner = ModelRunner(checkpoint, config)
     t2 = time.monotonic()
@@ -151,8 +152,8 @@ async def serve(args) -> bool:
     print(f"generation service listening on port {port}", flush=True)
     torch_thread = TorchThread()  # load, compile and step on one thread: one OpenMP pool (torch_thread.py)
     runner = install_from_env(await torch_thread.call(build_runner, args))  # MSTAR_FAULTS: tests only
-    numerics = getattr(runner, "numerics", None)
-    servicer.numerics = numerics.as_metadata() if numerics else json.dumps({"kernels": "null engine"})
+    metadata = getattr(runner, "numerics_metadata", None)
+    servicer.numerics = metadata() if metadata else json.dumps({"kernels": "null engine"})
     config = EngineConfig(args.kv_blocks, args.block_size, args.max_num_seqs, args.max_batched_tokens,
                           long_prefill_token_threshold=args.long_prefill_token_threshold)
 

@@ -1,7 +1,7 @@
 """The model step as compiled code, built during warm-up: no per-op dispatch in the hot loop.
 
-Two implementations, one interface (``covers(input_ids, meta)``, ``warm_up()``, ``is_warm``,
-``__call__(input_ids, meta) -> logits``):
+Two Steps (step.py: ``covers(batch)``, ``warm_up()``, ``is_warm``, ``__call__(batch) -> logits``;
+neither covers a batch asking for hidden states, which runs eager):
 
   * CUDA (``CudaGraphDecode``, as nano-vllm): the forward is captured into one CUDA graph per
     bucket size (1, 2, 4, 8, 16, 32, 48, ... up to max_num_seqs), largest first, sharing one memory
@@ -37,6 +37,7 @@ import torch._inductor.config
 from services.generation.graph_call import DirectCall, RecordingBackend
 from services.generation.models.kv_cache import KVCache
 from services.generation.models.llama import StepMetadata, Transformer
+from services.generation.step import StepBatch
 from services.generation.threads import usable_cpus
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,8 @@ class CudaGraphDecode:
     capture: (run, pool) -> (graph with .replay() and .pool(), output); cuda_capture in serving,
     a stand-in in the CPU tests of everything around the capture itself."""
 
+    name = "cuda-graphs"
+
     def __init__(self, model: Transformer, kv_cache: KVCache, max_num_seqs: int, max_blocks: int,
                  capture=cuda_capture):
         self.model, self.kv_cache, self.capture = model, kv_cache, capture
@@ -143,10 +146,11 @@ class CudaGraphDecode:
         self.outputs: dict[int, torch.Tensor] = {}
         self.is_warm = False
 
-    def covers(self, input_ids: torch.Tensor, meta: StepMetadata) -> bool:
+    def covers(self, batch: StepBatch) -> bool:
         """A pure decode step (one new token per sequence, every one sampled) that fits a bucket."""
-        n = input_ids.shape[0]
-        return meta.logits_indices.shape[0] == n == meta.context_lens.shape[0] and bucket_for(n, self.sizes) is not None
+        n, meta = batch.input_ids.shape[0], batch.meta
+        return (not batch.hidden and meta.logits_indices.shape[0] == n == meta.context_lens.shape[0]
+                and bucket_for(n, self.sizes) is not None)
 
     def _synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -170,12 +174,14 @@ class CudaGraphDecode:
         self.is_warm = True
         log.info("captured CUDA graphs", extra={"sizes": list(self.sizes), "seconds": round(time.monotonic() - t0, 1)})
 
-    def __call__(self, input_ids: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
-        n = input_ids.shape[0]
+    def __call__(self, batch: StepBatch) -> torch.Tensor:
+        n = batch.input_ids.shape[0]
         rows = bucket_for(n, self.sizes)
+        if batch.hidden:
+            raise ValueError("the decode graphs return logits; a step asking for hidden states runs eager")
         if rows is None or rows not in self.graphs:
             raise ValueError(f"no captured decode graph holds {n} rows")
-        self.inputs.fill(input_ids, meta, rows)
+        self.inputs.fill(batch.input_ids, batch.meta, rows)
         self.graphs[rows].replay()
         return self.outputs[rows][:n]
 
@@ -199,6 +205,8 @@ def _guards_that_tell_models_apart(entries) -> list[bool]:
 
 class CompiledStep:
     """torch.compile of the forward, every input dimension dynamic: one graph for every step."""
+
+    name = "graph"
 
     def __init__(self, model: Transformer, kv_cache: KVCache, backend: str = "inductor"):
         """backend: torch.compile's; "aot_eager" in the fast tests (the same tracing, no C++ compile)."""
@@ -231,13 +239,13 @@ class CompiledStep:
         self.direct: DirectCall | None = None  # the graph without Dynamo's entry (graph_call.py), once warm
         self.is_warm = False
 
-    def covers(self, input_ids: torch.Tensor, meta: StepMetadata) -> bool:
-        return input_ids.shape[0] > 0
+    def covers(self, batch: StepBatch) -> bool:
+        return batch.input_ids.shape[0] > 0 and not batch.hidden
 
     @torch.inference_mode()
     def warm_up(self) -> None:
         t0 = time.monotonic()
-        self(*padding_step(2, 2, self.device))
+        self(StepBatch(*padding_step(2, 2, self.device)))
         # Both probes write nothing (every slot -1) and read only what they may: at warm-up the
         # cache holds no request's data.
         self.direct = DirectCall.build(self.backend, self._through_dynamo,
@@ -246,9 +254,11 @@ class CompiledStep:
         log.info("compiled the model step", extra={"seconds": round(time.monotonic() - t0, 1),
                                                    "direct_call": self.direct is not None})
 
-    def __call__(self, input_ids: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
+    def __call__(self, batch: StepBatch) -> torch.Tensor:
+        if batch.hidden:
+            raise ValueError("the compiled graph returns logits; a step asking for hidden states runs eager")
         # The graph was traced on contiguous inputs; its guards check strides too.
-        input_ids = input_ids.contiguous()
+        input_ids, meta = batch.input_ids.contiguous(), batch.meta
         meta = StepMetadata(*(t.contiguous() for t in (meta.positions, meta.slot_mapping, meta.block_tables,
                                                       meta.cu_seqlens_q, meta.context_lens, meta.logits_indices)))
         if self.is_warm and self.direct is not None and self.direct.accepts(input_ids, meta):

@@ -1,4 +1,4 @@
-"""The model step as one C++ call: every decoder layer in one parallel region (kernels/cpu decoder_stack).
+"""The model step as one C++ call: every decoder layer in one parallel region (KernelOps.decoder_stack).
 
 On CPU, when every projection holds a GGUF's block codes (the default for a GGUF) and the
 activations are fp32, the 30 layers of a step need no graph at all: ``decoder_stack`` runs
@@ -13,7 +13,8 @@ as fast as the Inductor graph's at one row (7.9 against 8.9 ms) and 1.06x at 16 
 compile (a warm start's warm-up 0 s against 10 s; a cold one skips Inductor's ~100 s); 65 MB
 less RSS.
 
-Same interface as compiled_step.CompiledStep: ``covers``, ``warm_up``, ``is_warm``, ``__call__``.
+A Step (step.py): covers every batch, logits or final hidden states. The stack is a KernelOps op
+("cpu" backend only, kernels/cpu decoder_stack), so this step calls the model's kernels like the others.
 """
 
 from __future__ import annotations
@@ -23,27 +24,29 @@ import time
 
 import torch
 
-from kernels import cpu
 from services.generation.compiled_step import padding_step
 from services.generation.models.kv_cache import KVCache
 from services.generation.models.linear import Quantized
-from services.generation.models.llama import StepMetadata, Transformer
+from services.generation.models.llama import Transformer
+from services.generation.step import StepBatch
 
 log = logging.getLogger(__name__)
 
 
 def fusable(model: Transformer, kv_cache: KVCache) -> bool:
-    """The stack can run as decoder_stack: CPU, the cpu kernels, fp32 activations and norms, an fp32
-    or bf16 cache, and every layer's four projections block codes."""
+    """The stack can run as decoder_stack: CPU, kernels that have it (cpu), fp32 activations and
+    norms, an fp32 or bf16 cache, and every layer's four projections block codes."""
     projections = [p for b in model.blocks
                    for p in (b.attention.qkv_proj, b.attention.o_proj, b.ffn.gate_up_proj, b.ffn.down_proj)]
-    return (model.ops.backend == "cpu" and kv_cache.k[0].device.type == "cpu"
+    return (model.ops.supports("decoder_stack") and kv_cache.k[0].device.type == "cpu"
             and kv_cache.dtype in (torch.float32, torch.bfloat16) and model.embed.dtype == torch.float32
             and model.norm.dtype == torch.float32 and all(isinstance(p, Quantized) for p in projections))
 
 
 class FusedStep:
     """Every step through decoder_stack; built once per runner (the weights' lists are kept)."""
+
+    name = "fused"
 
     def __init__(self, model: Transformer, kv_cache: KVCache):
         if not fusable(model, kv_cache):
@@ -56,25 +59,25 @@ class FusedStep:
         self.heads = (config.num_heads, config.num_kv_heads, config.head_dim**-0.5, config.rms_norm_eps)
         self.is_warm = False
 
-    def covers(self, input_ids: torch.Tensor, meta: StepMetadata) -> bool:
-        return input_ids.shape[0] > 0
+    def covers(self, batch: StepBatch) -> bool:
+        # Hidden states (embedding requests) stay the per-op path's: decoder_stack's differ from it
+        # within 1e-3 (RMSNorm and SiLU sum in another order), and embeddings keep their bits.
+        return batch.input_ids.shape[0] > 0 and not batch.hidden
 
     @torch.inference_mode()
     def warm_up(self) -> None:
         """One step of padding rows (writes and reads no cache): faults the buffers in."""
         t0 = time.monotonic()
-        self(*padding_step(2, 2, self.kv_cache.k[0].device))
+        self(StepBatch(*padding_step(2, 2, self.kv_cache.k[0].device)))
         self.is_warm = True
         log.info("fused decoder stack ready", extra={"seconds": round(time.monotonic() - t0, 2)})
 
-    def __call__(self, input_ids: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
-        """input_ids [T] -> logits [S, V] fp32 at meta.logits_indices."""
-        return self.model.logits(self.final_hidden(input_ids, meta))
-
-    def final_hidden(self, input_ids: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
-        """input_ids [T] -> [S, H] fp32 after the final norm at meta.logits_indices (Transformer.final_hidden)."""
-        num_heads, num_kv_heads, scale, eps = self.heads
-        return cpu.decoder_stack(self.model.embed(input_ids), self.norms, self.weights, self.kv_cache.k,
-                                 self.kv_cache.v, meta.positions, meta.slot_mapping, meta.block_tables.contiguous(),
-                                 meta.cu_seqlens_q, meta.context_lens, meta.logits_indices, self.model.cos_sin,
-                                 num_heads, num_kv_heads, scale, eps)
+    def __call__(self, batch: StepBatch) -> torch.Tensor:
+        """logits [S, V] fp32, or with batch.hidden [S, H] fp32 after the final norm (as
+        Transformer.final_hidden), at meta.logits_indices."""
+        meta = batch.meta
+        hidden = self.model.ops.decoder_stack(
+            self.model.embed(batch.input_ids), self.norms, self.weights, self.kv_cache.k, self.kv_cache.v,
+            meta.positions, meta.slot_mapping, meta.block_tables.contiguous(), meta.cu_seqlens_q, meta.context_lens,
+            meta.logits_indices, self.model.cos_sin, *self.heads)
+        return hidden if batch.hidden else self.model.logits(hidden)

@@ -22,6 +22,8 @@ from services.generation.numerics import choose, resolve_device
 from services.generation.outputs import SampleOutput
 from services.generation.sampler import Sampler
 from services.generation.sequence import Sequence
+from services.generation.step import EagerStep, Step, StepBatch
+from services.generation.step_choice import choose_step, numerics_kind
 from services.generation.threads import default_threads
 from services.generation.weights.checkpoint import Checkpoint
 
@@ -39,7 +41,7 @@ class RunnerConfig:
     kv_cache_dtype: str = "auto"  # auto (bf16 for a GGUF's codes, else the activations') | float32 | bfloat16
     quantization: str = "auto"  # auto (a GGUF's own blocks) | gguf (required) | none (dense)
     kernels: str = "auto"  # auto | cpu | reference (the HF oracle) | triton
-    compile: bool = True  # the step as compiled code (compiled_step.py); False: eager
+    step: str = "auto"  # auto | eager | graph | fused: how a step runs (step_choice.py's table)
     max_num_seqs: int = 64  # the largest decode batch a graph must hold
     # How an embedding request pools the final hidden states (after the final norm) of its prompt:
     # mean (every prompt token; the default, see docs/design.md "Embeddings") or last (the last token).
@@ -76,7 +78,7 @@ class ModelRunner:
         self.vocabulary = checkpoint.vocabulary  # for structured output (the engine's grammar compiler)
         kernels = "triton" if config.force_triton else config.kernels
         cpu_error = cpu.load_error() if kernels in ("auto", "cpu") and resolve_device(config.device).type == "cpu" else None
-        self.numerics = choose(checkpoint, config.device, config.dtype, config.quantization, kernels, config.compile,
+        self.numerics = choose(checkpoint, config.device, config.dtype, config.quantization, kernels,
                                cpu_kernels_error=cpu_error, kv_cache_dtype=config.kv_cache_dtype)
         self.device, self.dtype = self.numerics.device, self.numerics.dtype
         if self.device.type == "cpu":
@@ -90,21 +92,25 @@ class ModelRunner:
             self.kv_cache = KVCache(checkpoint.config, config.num_blocks, config.block_size, self.device,
                                     self.numerics.kv_cache_dtype)
         self.sampler = Sampler(self.ops, self.device)
-        self.compiled: FusedStep | CompiledStep | CudaGraphDecode | None = None
-        if self.numerics.compiled and self.device.type == "cuda":
-            self.compiled = CudaGraphDecode(self.model, self.kv_cache, config.max_num_seqs, self.max_blocks)
-        elif self.numerics.compiled and fusable(self.model, self.kv_cache):
-            # A GGUF served as its codes: every layer in one C++ call, no graph to compile (fused_step.py).
-            self.compiled = FusedStep(self.model, self.kv_cache)
-        elif self.numerics.compiled:
-            self.compiled = CompiledStep(self.model, self.kv_cache)
-        step = type(self.compiled).__name__ if self.compiled is not None else "eager"
-        log.info(self.numerics.describe(), extra={"threads": torch.get_num_threads(), "step": step})
+        self.eager = EagerStep(self.model, self.kv_cache)  # what runs a batch the chosen step does not cover
+        self.step_choice = choose_step(self.device.type, numerics_kind(self.numerics.kernels,
+                                                                       fusable(self.model, self.kv_cache)), config.step)
+        self.step: Step = {  # the step the table's row names, not yet warm (warm_up builds it)
+            "eager": lambda: self.eager,
+            "graph": lambda: CompiledStep(self.model, self.kv_cache),
+            "fused": lambda: FusedStep(self.model, self.kv_cache),
+            "cuda-graphs": lambda: CudaGraphDecode(self.model, self.kv_cache, config.max_num_seqs, self.max_blocks),
+        }[self.step_choice.step]()
+        log.info(f"{self.numerics.describe()}; step {self.step.name}: {self.step_choice.why}",
+                 extra={"threads": torch.get_num_threads(), "step": self.step.name, "step_mode": config.step})
 
     def warm_up(self) -> None:
         """Compile the step / capture the decode graphs (part of readiness: not SERVING yet)."""
-        if self.compiled is not None:
-            self.compiled.warm_up()
+        self.step.warm_up()
+
+    def numerics_metadata(self) -> str:
+        """The Stream's initial metadata (numerics.Numerics.as_metadata): compiled_decode unless eager."""
+        return self.numerics.as_metadata(compiled_decode=self.step.name != "eager")
 
     @property
     def vocab_size(self) -> int:
@@ -158,11 +164,14 @@ class ModelRunner:
         return torch.tensor(input_ids, dtype=torch.int64, device=dev), meta
 
     def forward(self, input_ids: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
-        """Logits [S, V] fp32 of one step: compiled code when it covers the step, else eager."""
-        compiled = self.compiled  # used once warm_up() built it: nothing compiles inside a step
-        if compiled is not None and compiled.is_warm and compiled.covers(input_ids, meta):
-            return compiled(input_ids, meta)
-        return self.model.forward(input_ids, meta, self.kv_cache)
+        """Logits [S, V] fp32 of one step (what fault injection wraps: faults.py)."""
+        return self.rows(StepBatch(input_ids, meta))
+
+    def rows(self, batch: StepBatch) -> torch.Tensor:
+        """The chosen step's rows for batch once warm_up() built it and when it covers batch (nothing
+        compiles inside a step), else the eager step's."""
+        step = self.step if self.step.is_warm and self.step.covers(batch) else self.eager
+        return step(batch)
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], num_new_tokens: list[int], sampling: list[bool],
@@ -175,7 +184,7 @@ class ModelRunner:
         model runs. This is the step's shared work (the model over the KV cache); what is then
         done per request (sample, embedding) runs behind the engine's fault boundary."""
         on_launch = on_launch or (lambda: None)
-        if not any(seq.is_embedding for seq in seqs):  # the generation path: compiled when warm
+        if not any(seq.is_embedding for seq in seqs):  # logits only
             input_ids, meta = self.prepare(seqs, num_new_tokens, sampling)
             on_launch()
             return StepRows(self.forward(input_ids, meta))  # [S, V]; S = 0 when no row samples
@@ -185,11 +194,11 @@ class ModelRunner:
                 for seq, n, is_sampling, is_pooling in zip(seqs, num_new_tokens, sampling, pooling, strict=True)]
         input_ids, meta = self.prepare(seqs, num_new_tokens, rows)
         on_launch()
-        # Eager, also for the generation rows sharing this step: the compiled step returns logits,
-        # and an embedding request needs final hidden states (every prompt row, for mean pooling).
-        # Only steps that hold an embedding request's prompt chunk take this path; grammar masks
-        # are applied by the sampler after the logits either way.
-        hidden = self.model.final_hidden(input_ids, meta, self.kv_cache)  # [sum(rows), H]
+        # An embedding request needs final hidden states (every prompt row, for mean pooling), so
+        # the step asks for them, also for the generation rows sharing it (their logits follow from
+        # theirs below). Steps that return only logits do not cover such a batch: it runs eager.
+        # Grammar masks are applied by the sampler after the logits either way.
+        hidden = self.rows(StepBatch(input_ids, meta, hidden=True))  # [sum(rows), H]
         sample_rows, pooled, end = [], [], 0
         for seq, k, is_sampling, is_pooling in zip(seqs, rows, sampling, pooling, strict=True):
             end += k

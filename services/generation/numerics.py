@@ -14,9 +14,9 @@ Defaults follow the peers (llama.cpp, vLLM, TGI), each choice with its reason in
     reference kernels, eager, token-identical to transformers (tests/unit/generation/test_parity.py).
 
 Kernels: "cpu" (kernels/cpu C++ ops, the default on CPU), "reference" (the oracle) or "triton"
-(CUDA). Decode steps run as compiled graphs unless --no-compile (never with the reference kernels:
-the oracle stays eager). When the C++ ops cannot be built here (no compiler), CPU falls back to the
-reference kernels with dense weights, and the log line says why.
+(CUDA). How a step runs over these numerics (eager, a graph, the fused stack) is step_choice.py's.
+When the C++ ops cannot be built here (no compiler), CPU falls back to the reference kernels with
+dense weights, and the log line says why.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ class Numerics:
     dtype: torch.dtype  # activations
     quantized: bool  # GGUF blocks served as codes through kernels/cpu quant_matmul
     kernels: str  # "cpu" | "reference" | "triton"
-    compiled: bool  # decode steps as compiled graphs (torch.compile on CPU, CUDA graphs on CUDA)
     weights: str  # what the weights are served as, e.g. "Q4_1 x210 + Q8_0 x1 as codes, float32 x61"
     reason: str  # why, in words
     kv_dtype: torch.dtype | None = None  # the KV cache's; None: the activations'
@@ -55,18 +54,18 @@ class Numerics:
     def dtype_name(self) -> str:
         return str(self.dtype).removeprefix("torch.")
 
-    def as_metadata(self) -> str:
-        """JSON (ASCII) for the Stream's initial metadata; preprocess reports it in ListModels."""
+    def as_metadata(self, compiled_decode: bool) -> str:
+        """JSON (ASCII) for the Stream's initial metadata; preprocess reports it in ListModels.
+        compiled_decode: the runner's step is not the eager one (step_choice.py)."""
         return json.dumps({"device": self.device.type, "weights": self.weights, "activations": self.dtype_name,
                            "kv_cache": str(self.kv_cache_dtype).removeprefix("torch."),
-                           "kernels": self.kernels, "compiled_decode": self.compiled})
+                           "kernels": self.kernels, "compiled_decode": compiled_decode})
 
     def describe(self) -> str:
-        """The start-up log line."""
-        mode = "compiled decode" if self.compiled else "eager"
+        """The start-up log line's numerics part (the runner adds the step)."""
         kv = str(self.kv_cache_dtype).removeprefix("torch.")
         return (f"numerics: {self.device.type}, weights {self.weights}, activations {self.dtype_name}, "
-                f"KV cache {kv}, {self.kernels} kernels, {mode} ({self.reason})")
+                f"KV cache {kv}, {self.kernels} kernels ({self.reason})")
 
 
 def detect_cpu_flags() -> str:
@@ -108,7 +107,6 @@ def choose(
     dtype: str = "auto",
     quantization: str = "auto",
     kernels: str = "auto",
-    compile: bool = True,
     cpu_flags: str | None = None,
     kv_cache_dtype: str = "auto",
     cpu_kernels_error: Exception | None = None,
@@ -136,7 +134,7 @@ def choose(
             raise ValueError(f"--kernels {kernels} runs on CPU only; CUDA uses the Triton kernels")
         act = DTYPES[dtype] if dtype != "auto" else torch.bfloat16
         reasons.append("CUDA: Triton kernels" + (", GGUF blocks dequantized" if has_blocks else ""))
-        return Numerics(dev, act, False, "triton", compile, _weights(checkpoint, False, act), "; ".join(reasons))
+        return Numerics(dev, act, False, "triton", _weights(checkpoint, False, act), "; ".join(reasons))
 
     oracle = dtype == "float32" and quantization == "none" and kernels in ("auto", "reference")
     if oracle or kernels == "reference":
@@ -170,12 +168,11 @@ def choose(
     else:
         act = torch.float32
         reasons.append("no native bf16 on this CPU: fp32")
-    compiled = compile and kind != "reference"
     if kv_cache_dtype != "auto":
         kv = DTYPES[kv_cache_dtype]
         if kind == "reference" and kv != act:
             raise ValueError("--kv-cache-dtype other than --dtype needs the cpu kernels (the oracle keeps one dtype)")
     else:
         kv = torch.bfloat16 if quantized else act  # the GGUF default: bf16 KV, as llama.cpp's f16
-    return Numerics(dev, act, quantized, kind, compiled, _weights(checkpoint, quantized, act), "; ".join(reasons),
+    return Numerics(dev, act, quantized, kind, _weights(checkpoint, quantized, act), "; ".join(reasons),
                     kv_dtype=kv)

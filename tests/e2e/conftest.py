@@ -11,7 +11,7 @@ startup fails, together with the tail of every log).
 
 Its generation service runs the step `make run` serves: the default GGUF through the fused decoder
 stack (services/generation/fused_step.py), which compiles nothing, so the suite-wide
-MSTAR_COMPILE=0 (tests/conftest.py: no Inductor graphs) is lifted for it.
+MSTAR_STEP=eager (tests/conftest.py: no Inductor graphs) becomes auto for it.
 """
 
 from __future__ import annotations
@@ -28,15 +28,15 @@ from services.stack.stack import Stack, StackConfig
 def stack():
     log_dir = Path(os.environ["MSTAR_E2E_LOG_DIR"]) if os.environ.get("MSTAR_E2E_LOG_DIR") else None
     running = Stack(StackConfig.with_free_ports(log_dir=log_dir, ready_timeout_s=600.0))
-    suite_setting = os.environ.get("MSTAR_COMPILE")
-    os.environ["MSTAR_COMPILE"] = "1"  # inherited by the services it starts
+    suite_setting = os.environ.get("MSTAR_STEP")
+    os.environ["MSTAR_STEP"] = "auto"  # inherited by the services it starts
     try:
         running.start()
     finally:
         if suite_setting is None:
-            os.environ.pop("MSTAR_COMPILE")
+            os.environ.pop("MSTAR_STEP")
         else:
-            os.environ["MSTAR_COMPILE"] = suite_setting
+            os.environ["MSTAR_STEP"] = suite_setting
     try:
         yield running
     finally:

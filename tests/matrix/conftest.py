@@ -1,5 +1,5 @@
 """The request matrix's stack: the real default model (the SmolLM2 GGUF through the fused decoder
-stack, what `make run` serves; MSTAR_COMPILE=1 as in tests/e2e/conftest.py) behind real Envoy,
+stack, what `make run` serves; MSTAR_STEP=auto as in tests/e2e/conftest.py) behind real Envoy,
 started once per session by tests/reliability/conftest.py's `started_rig`, with one response
 stored first for `previous_response_id`.
 
@@ -30,16 +30,16 @@ _LEDGERS: list[Ledger] = []  # the session's, for the terminal summary
 
 @pytest.fixture(scope="session")
 def matrix(tmp_path_factory) -> Iterator[Matrix]:
-    suite_setting = os.environ.get("MSTAR_COMPILE")
-    os.environ["MSTAR_COMPILE"] = "1"  # inherited by the services the rig starts (and restarts)
+    suite_setting = os.environ.get("MSTAR_STEP")
+    os.environ["MSTAR_STEP"] = "auto"  # inherited by the services the rig starts (and restarts)
     rig_context = started_rig(tmp_path_factory.mktemp("matrix"), null_engine=False)
     try:
         rig = rig_context.__enter__()
     finally:
         if suite_setting is None:
-            os.environ.pop("MSTAR_COMPILE")
+            os.environ.pop("MSTAR_STEP")
         else:
-            os.environ["MSTAR_COMPILE"] = suite_setting
+            os.environ["MSTAR_STEP"] = suite_setting
     ledger = Ledger()
     _LEDGERS.append(ledger)
     try:

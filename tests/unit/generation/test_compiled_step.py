@@ -20,6 +20,7 @@ from services.generation.engine import Engine, EngineConfig
 from services.generation.model_runner import ModelRunner, RunnerConfig
 from services.generation.models.llama import StepMetadata
 from services.generation.sampling_params import Embedding, SamplingParams
+from services.generation.step import StepBatch
 
 
 def test_buckets_are_nano_vllms_ladder_up_to_the_batch_limit():
@@ -60,7 +61,7 @@ def test_static_inputs_hold_the_step_and_pad_the_rest():
 
 @pytest.fixture
 def runner(tiny_checkpoint):
-    return ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cpu", num_threads=1, compile=False, max_num_seqs=8))
+    return ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cpu", num_threads=1, step="eager", max_num_seqs=8))
 
 
 def _prefill(runner, prompts: list[list[int]], tables: list[list[int]]) -> None:
@@ -77,7 +78,7 @@ def _prefill(runner, prompts: list[list[int]], tables: list[list[int]]) -> None:
 
 @pytest.mark.parametrize("kernels", ["reference", "cpu"])
 def test_a_padded_decode_step_equals_the_unpadded_one_and_writes_nothing_more(tiny_checkpoint, kernels):
-    runner = ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cpu", num_threads=1, compile=False, kernels=kernels))
+    runner = ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cpu", num_threads=1, step="eager", kernels=kernels))
     tables = [[5, 2, 9], [7, 1, 0]]
     _prefill(runner, [[3, 4, 5, 6, 7, 8], [9, 10, 11]], tables)
     meta = _decode_meta([7, 4], 4, tables)
@@ -138,13 +139,13 @@ def test_graph_replay_serves_every_batch_size_from_its_bucket(runner):
         eager = runner.model.forward(ids, meta, runner.kv_cache)
         for k, s in zip(runner.kv_cache.k, snapshot, strict=True):
             k.copy_(s)
-        replayed = graphs(ids, meta)
+        replayed = graphs(StepBatch(ids, meta))
     assert graphs.graphs[4].replays == 1 and replayed.shape == eager.shape
     # A bucket of 4 rows is not bit-equal to the 3-row step on every CPU: the matmul may block by
     # M differently (exact on an Intel Xeon, 6e-6 apart on an AMD EPYC), as in the padded test above.
     torch.testing.assert_close(replayed, eager)
     with pytest.raises(ValueError, match="no captured decode graph holds 9 rows"):
-        graphs(torch.zeros(9, dtype=torch.int64), _decode_meta([1] * 9, 4, [[0]] * 9))
+        graphs(StepBatch(torch.zeros(9, dtype=torch.int64), _decode_meta([1] * 9, 4, [[0]] * 9)))
 
 
 def _greedy_tokens(runner, prompts, n_new=10):
@@ -166,18 +167,18 @@ class _SpyGraphs:
     def __init__(self, runner, max_rows):
         self.runner, self.max_rows, self.is_warm, self.calls = runner, max_rows, False, []
 
-    def covers(self, input_ids, meta):  # what CudaGraphDecode covers: pure decode steps that fit
-        decode = meta.logits_indices.shape[0] == len(input_ids) == meta.context_lens.shape[0]
-        return decode and len(input_ids) <= self.max_rows
+    def covers(self, batch):  # what CudaGraphDecode covers: pure decode steps that fit
+        meta, n = batch.meta, len(batch.input_ids)
+        return not batch.hidden and meta.logits_indices.shape[0] == n == meta.context_lens.shape[0] <= self.max_rows
 
-    def __call__(self, input_ids, meta):
-        assert meta.cu_seqlens_q.tolist() == list(range(len(input_ids) + 1))  # one token per sequence
-        self.calls.append(len(input_ids))
-        return self.runner.model.forward(input_ids, meta, self.runner.kv_cache)
+    def __call__(self, batch):
+        assert batch.meta.cu_seqlens_q.tolist() == list(range(len(batch.input_ids) + 1))  # one token per sequence
+        self.calls.append(len(batch.input_ids))
+        return self.runner.model.forward(batch.input_ids, batch.meta, self.runner.kv_cache)
 
 
-def test_the_runner_uses_compiled_code_only_when_warm_and_for_the_steps_it_covers(runner):
-    runner.compiled = graphs = _SpyGraphs(runner, max_rows=4)
+def test_the_runner_uses_its_step_only_when_warm_and_for_the_batches_it_covers(runner):
+    runner.step = graphs = _SpyGraphs(runner, max_rows=4)
     _greedy_tokens(runner, PROMPTS[:2], n_new=3)
     assert graphs.calls == []  # not warm: never compiles inside a step
     graphs.is_warm = True
@@ -188,9 +189,10 @@ def test_the_runner_uses_compiled_code_only_when_warm_and_for_the_steps_it_cover
 def test_the_compiled_step_gives_the_eager_tokens_without_recompiling(tiny_checkpoint):
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    eager = _greedy_tokens(ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cpu", num_threads=1, compile=False)), PROMPTS)
+    eager = _greedy_tokens(ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cpu", num_threads=1, step="eager")), PROMPTS)
     runner = ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cpu", num_threads=1, max_num_seqs=8))
-    runner.compiled = spy = _CountingStep(CompiledStep(runner.model, runner.kv_cache, backend="aot_eager"))
+    assert isinstance(runner.step, CompiledStep)  # the default for HF weights on the cpu kernels
+    runner.step = spy = _CountingStep(CompiledStep(runner.model, runner.kv_cache, backend="aot_eager"))
     runner.warm_up()
     frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     assert frames == 1  # one graph for every step
@@ -231,10 +233,10 @@ def test_embedding_steps_run_eager_next_to_the_compiled_generation_steps(tiny_ch
         return tokens["gen"], torch.frombuffer(bytearray(vector), dtype=torch.float32)
 
     eager_tokens, eager_vector = serve(ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cpu", num_threads=1,
-                                                                                 compile=False)))
+                                                                                 step="eager")))
     torch._dynamo.reset()
     runner = ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cpu", num_threads=1, max_num_seqs=8))
-    runner.compiled = spy = _CountingStep(CompiledStep(runner.model, runner.kv_cache, backend="aot_eager"))
+    runner.step = spy = _CountingStep(CompiledStep(runner.model, runner.kv_cache, backend="aot_eager"))
     runner.warm_up()
     tokens, vector = serve(runner)
     assert tokens == eager_tokens
@@ -251,12 +253,12 @@ class _CountingStep:
     def __getattr__(self, name):
         return getattr(self.step, name)
 
-    def __call__(self, input_ids, meta):
-        if len(input_ids) == len(meta.context_lens):
+    def __call__(self, batch):
+        if len(batch.input_ids) == len(batch.meta.context_lens):
             self.decode_steps += 1
         else:
             self.prefill_steps += 1
-        return self.step(input_ids, meta)
+        return self.step(batch)
 
 
 def test_a_step_outside_the_graphs_guards_runs_eagerly_instead_of_compiling(runner):
@@ -270,7 +272,7 @@ def test_a_step_outside_the_graphs_guards_runs_eagerly_instead_of_compiling(runn
     meta = _decode_meta([7], 4, tables)
     with torch.inference_mode():
         want = runner.model.forward(torch.tensor([40]), meta, runner.kv_cache)
-        got = graphs(torch.tensor([40], dtype=torch.int32), meta)  # int32 ids: not what the graph was traced on
+        got = graphs(StepBatch(torch.tensor([40], dtype=torch.int32), meta))  # int32 ids: not what the graph was traced on
     torch.testing.assert_close(got, want)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames  # not compiled inside a step
 
@@ -286,18 +288,18 @@ def test_a_graph_is_never_reused_for_another_runners_cache_or_model(tiny_checkpo
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     for i, (checkpoint, num_blocks) in enumerate([(tiny_checkpoint, 64), (tiny_checkpoint, 32), (wider, 64)]):
-        runner = ModelRunner(checkpoint, RunnerConfig(num_blocks, 4, "cpu", num_threads=1, compile=False))
-        runner.compiled = CompiledStep(runner.model, runner.kv_cache, backend="aot_eager")
+        runner = ModelRunner(checkpoint, RunnerConfig(num_blocks, 4, "cpu", num_threads=1, step="eager"))
+        runner.step = CompiledStep(runner.model, runner.kv_cache, backend="aot_eager")
         runner.warm_up()
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == i + 1
 
 
 @pytest.mark.slow  # a cold Inductor compile of the tiny model: ~30-70 s on the 2-core box
 def test_the_inductor_compiled_decode_step_gives_the_eager_tokens(tiny_checkpoint):
-    eager = _greedy_tokens(ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cpu", num_threads=1, compile=False)), PROMPTS)
+    eager = _greedy_tokens(ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cpu", num_threads=1, step="eager")), PROMPTS)
     runner = ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cpu", num_threads=1, max_num_seqs=8))
     runner.warm_up()
-    assert runner.compiled.is_warm
+    assert isinstance(runner.step, CompiledStep) and runner.step.is_warm
     assert _greedy_tokens(runner, PROMPTS) == eager
 
 
@@ -337,7 +339,7 @@ def test_compiled_fp32_cpu_kernels_agree_with_the_hf_oracle_over_2k_teacher_forc
     runner = ModelRunner(checkpoint, RunnerConfig(256, 16, "cpu", num_threads=1, dtype="float32", quantization="none",
                                                   kernels="cpu"))
     runner.warm_up()
-    assert runner.numerics.compiled and runner.compiled.is_warm
+    assert isinstance(runner.step, CompiledStep) and runner.step.is_warm
     blocks_per_seq = -(-(n + 1) // 16)
     tables = torch.arange(n_seqs * blocks_per_seq, dtype=torch.int32).view(n_seqs, blocks_per_seq)
     got = []
@@ -359,12 +361,12 @@ def test_compiled_fp32_cpu_kernels_agree_with_the_hf_oracle_over_2k_teacher_forc
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_graphs_replay_the_eager_triton_tokens(tiny_checkpoint):
     """On the GPU: the captured graphs (Triton kernels inside, padded buckets) give the eager tokens."""
-    def cuda_runner(compile: bool) -> ModelRunner:
-        return ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cuda", dtype="float32", max_num_seqs=8, compile=compile))
+    def cuda_runner(step: str) -> ModelRunner:
+        return ModelRunner(tiny_checkpoint, RunnerConfig(64, 4, "cuda", dtype="float32", max_num_seqs=8, step=step))
 
-    eager = _greedy_tokens(cuda_runner(False), PROMPTS)
-    runner = cuda_runner(True)
-    assert isinstance(runner.compiled, CudaGraphDecode) and runner.numerics.kernels == "triton"
+    eager = _greedy_tokens(cuda_runner("eager"), PROMPTS)
+    runner = cuda_runner("auto")
+    assert isinstance(runner.step, CudaGraphDecode) and runner.numerics.kernels == "triton"
     runner.warm_up()
-    assert sorted(runner.compiled.graphs) == [1, 2, 4, 8]
+    assert sorted(runner.step.graphs) == [1, 2, 4, 8]
     assert _greedy_tokens(runner, PROMPTS) == eager

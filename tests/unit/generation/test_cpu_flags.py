@@ -32,7 +32,7 @@ FOLLOWERS = ["test_engine.py", "test_compiled_step.py", "test_embeddings_engine.
 
 
 def test_the_runner_serves_hf_weights_as_the_flags_say(tiny_checkpoint):
-    runner = ModelRunner(tiny_checkpoint, RunnerConfig(16, 4, "cpu", num_threads=1, compile=False))
+    runner = ModelRunner(tiny_checkpoint, RunnerConfig(16, 4, "cpu", num_threads=1, step="eager"))
     bf16 = numerics.has_native_bf16(numerics.detect_cpu_flags())
     assert runner.dtype == runner.numerics.kv_cache_dtype == (torch.bfloat16 if bf16 else torch.float32)
 

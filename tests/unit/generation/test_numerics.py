@@ -42,7 +42,7 @@ def gguf_checkpoint(hf_checkpoint) -> Checkpoint:
 
 def test_a_gguf_serves_its_own_codes_by_default(gguf_checkpoint):
     n = choose(gguf_checkpoint, cpu_flags=PLAIN_CPU)
-    assert (n.quantized, n.kernels, n.dtype, n.compiled) == (True, "cpu", torch.float32, True)
+    assert (n.quantized, n.kernels, n.dtype) == (True, "cpu", torch.float32)
     assert n.weights == "Q4_1 codes x14, float32 x7"
     assert "own block codes" in n.reason
     assert n.kv_cache_dtype == torch.bfloat16  # llama.cpp's cache is f16: half the bytes of fp32
@@ -94,13 +94,13 @@ def test_the_flags_come_from_cpuinfo_unless_pinned(hf_checkpoint, monkeypatch):
 @pytest.mark.parametrize("fixture", ["hf_checkpoint", "gguf_checkpoint"])
 def test_float32_without_quantization_is_the_eager_hf_oracle(request, fixture):
     n = choose(request.getfixturevalue(fixture), dtype="float32", quantization="none", cpu_flags=BF16_CPU)
-    assert (n.quantized, n.kernels, n.dtype, n.compiled) == (False, "reference", torch.float32, False)
+    assert (n.quantized, n.kernels, n.dtype) == (False, "reference", torch.float32)
     assert "oracle" in n.reason
 
 
 def test_without_the_cpu_kernels_a_gguf_falls_back_to_dense_reference(gguf_checkpoint):
     n = choose(gguf_checkpoint, cpu_kernels_error=RuntimeError("no C++ compiler found\nmore"))
-    assert (n.quantized, n.kernels, n.compiled) == (False, "reference", False)
+    assert (n.quantized, n.kernels) == (False, "reference")
     assert "no C++ compiler found" in n.reason and "more" not in n.reason
     with pytest.raises(ValueError, match="cannot be built here: no C\\+\\+ compiler"):
         choose(gguf_checkpoint, quantization="gguf", cpu_kernels_error=RuntimeError("no C++ compiler found"))
@@ -127,11 +127,15 @@ def test_cuda_is_bf16_triton_with_blocks_dequantized(gguf_checkpoint):
 def test_the_runner_logs_one_line_and_reports_its_numerics(gguf_checkpoint, caplog):
     with caplog.at_level(logging.INFO, logger="services.generation.model_runner"):
         runner = ModelRunner(gguf_checkpoint, RunnerConfig(32, 4, "cpu", num_threads=1))
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("numerics:")]
+    records = [r for r in caplog.records if r.getMessage().startswith("numerics:")]
+    lines = [r.getMessage() for r in records]
     assert len(lines) == 1 and "Q4_1 codes x14" in lines[0] and "cpu kernels" in lines[0], lines
-    assert json.loads(runner.numerics.as_metadata()) == {
+    assert "; step fused: a GGUF's codes in fp32" in lines[0] and records[0].step == "fused", lines
+    assert json.loads(runner.numerics_metadata()) == {
         "device": "cpu", "weights": "Q4_1 codes x14, float32 x7", "activations": "float32", "kernels": "cpu",
         "compiled_decode": True, "kv_cache": "bfloat16"}
+    eager = ModelRunner(gguf_checkpoint, RunnerConfig(32, 4, "cpu", num_threads=1, step="eager"))
+    assert json.loads(eager.numerics_metadata())["compiled_decode"] is False
 
 
 def _cgroup(tmp_path, v2: str | None = None, v1: tuple[int, int] | None = None):

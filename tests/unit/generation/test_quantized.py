@@ -112,7 +112,7 @@ def test_default_model_at_its_own_quantization_loses_under_one_percent_of_fp32_q
     served = runner(checkpoint)
     served.warm_up()
     assert isinstance(served.model.lm_head, Quantized) and served.model.lm_head.kind == "Q8_0"
-    assert isinstance(served.compiled, FusedStep)  # what `make run` serves: one C++ call a step
+    assert isinstance(served.step, FusedStep)  # what `make run` serves: one C++ call a step
     for chunk in (None, 8):  # prefill-sized and decode-sized steps
         got = teacher_forced_logits(served, ids, chunk, served=True)[:-1]
         nll_fp32, nll = F.cross_entropy(fp32, target).item(), F.cross_entropy(got, target).item()
