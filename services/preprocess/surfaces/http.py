@@ -23,16 +23,24 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Discriminator,
+    Field,
     Tag,
     ValidationError,
 )
 from pydantic_core import PydanticCustomError
 
 from services.common import errors
+from services.common.contract import declared
 from services.preprocess import json_text
 
 JSON = "application/json"
 SSE = "text/event-stream"
+
+# A token id as the contract carries it (TokenIds.ids: an int32, at least its declared minimum):
+# every surface's token-id inputs; the model's vocabulary is checked later.
+TokenId = Annotated[int, Field(ge=int(declared("mstar.v1.TokenIds", "ids").items.low), le=2**31 - 1)]
+# A tool call's id, which the client echoes back with the call's result.
+CallId = Annotated[str, Field(min_length=1, max_length=256)]
 
 
 @dataclass(frozen=True)

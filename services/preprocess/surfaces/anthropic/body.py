@@ -17,6 +17,7 @@ from pydantic import Field
 from services.preprocess.surfaces import fields
 from services.preprocess.surfaces.http import (
     Body,
+    CallId,
     Ignored,
     by_type,
     field_error,
@@ -43,7 +44,7 @@ Content = Annotated[list[Annotated[TextBlock, only_types(("text",), "content blo
 
 class ToolUseBlock(Body):
     type: Literal["tool_use"]
-    id: Annotated[str, Field(min_length=1, max_length=256)]
+    id: CallId
     name: Annotated[str, Field(pattern=TOOL_NAME)]
     input: dict[str, Any]
     cache_control: Ignored = None
@@ -51,7 +52,7 @@ class ToolUseBlock(Body):
 
 class ToolResultBlock(Body):
     type: Literal["tool_result"]
-    tool_use_id: Annotated[str, Field(min_length=1, max_length=256)]
+    tool_use_id: CallId
     content: Content | None = None
     is_error: bool | None = None
     cache_control: Ignored = None

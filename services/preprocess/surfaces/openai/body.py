@@ -19,7 +19,9 @@ from services.common import errors
 from services.preprocess.surfaces import fields
 from services.preprocess.surfaces.http import (
     Body,
+    CallId,
     Ignored,
+    TokenId,
     field_error,
     only_types,
     string_or_list,
@@ -27,7 +29,6 @@ from services.preprocess.surfaces.http import (
 )
 from services.preprocess.tools import MAX_TOOLS
 
-INT32_MAX = 2**31 - 1
 # OpenAI's documented default for the legacy completions endpoint.
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -66,7 +67,7 @@ class CalledFunction(Body):
 
 
 class MessageToolCall(Body):
-    id: Annotated[str, Field(min_length=1, max_length=256)]
+    id: CallId
     type: Literal["function"] = "function"
     function: CalledFunction
 
@@ -77,7 +78,7 @@ class ChatMessage(Body):
                        string_or_list(lambda text: {"type": "text", "text": text}, "text parts")] | None = None
     name: Ignored = None
     tool_calls: Annotated[list[MessageToolCall], Field(max_length=128)] | None = None  # assistant
-    tool_call_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None  # tool
+    tool_call_id: CallId | None = None  # tool
     function_call: unsupported() = None
     refusal: unsupported() = None
     audio: unsupported() = None
@@ -281,7 +282,6 @@ def _prompt(value: Any) -> Any:
         "send one per request)")
 
 
-TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
 class CompletionBody(_Common):

@@ -39,6 +39,7 @@ from services.preprocess.surfaces.http import (
     Frame,
     HttpRequest,
     Ignored,
+    TokenId,
     dumps,
     field_error,
     parse,
@@ -47,8 +48,6 @@ from services.preprocess.surfaces.http import (
 MAX_INPUTS = 2048  # OpenAI's documented limit on the input array
 WINDOW = 16  # inputs of one call in flight at once
 FRAME_BYTES = 1024 * 1024  # a response frame is cut after the embedding that reaches this size
-INT32_MAX = 2**31 - 1
-TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 _SHAPES = "a string, an array of strings, an array of token ids or an array of token-id arrays"
 
 

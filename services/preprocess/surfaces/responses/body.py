@@ -20,6 +20,7 @@ from services.common.contract import declared
 from services.preprocess.surfaces import fields
 from services.preprocess.surfaces.http import (
     Body,
+    CallId,
     Ignored,
     by_type,
     field_error,
@@ -54,7 +55,6 @@ class InputMessage(Body):
     status: Ignored = None
 
 
-CallId = Annotated[str, Field(min_length=1, max_length=256)]
 TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 
 

@@ -12,9 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from services.preprocess.surfaces import fields
-from services.preprocess.surfaces.http import Body, Ignored, field_error, unsupported
-
-INT32_MAX = 2**31 - 1
+from services.preprocess.surfaces.http import Body, Ignored, TokenId, field_error, unsupported
 
 
 class TextPart(Body):
@@ -52,4 +50,4 @@ class TokenizeBody(Body):
 
 class DetokenizeBody(Body):
     model: fields.Model = ""
-    tokens: list[Annotated[int, Field(ge=0, le=INT32_MAX)]]
+    tokens: list[TokenId]
