@@ -87,7 +87,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--otlp-endpoint", default=None,
                    help="export OpenTelemetry spans (OTLP/gRPC) here; default OTEL_EXPORTER_OTLP_ENDPOINT, else none")
     p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.step not in MODES:  # argparse checks choices only on the command line, not the env default
+        p.error(f"${STEP_ENV} must be one of {', '.join(MODES)}; got {args.step!r}")
+    return args
 
 
 def _without_triton_on_cpu(device: str) -> None:

@@ -110,3 +110,6 @@ def test_the_service_flag_defaults_to_the_environment(monkeypatch):
     assert parse_args(["--step", "fused"]).step == "fused"
     with pytest.raises(SystemExit):
         parse_args(["--step", "compiled"])
+    monkeypatch.setenv(step_choice.STEP_ENV, "0")  # e.g. a stale MSTAR_COMPILE=0 renamed by hand
+    with pytest.raises(SystemExit):
+        parse_args([])
