@@ -124,7 +124,7 @@ class GenerationMetrics:
         num_prompt_tokens, num_output_tokens, queue_ms, prefill_ms, ttft_ms, decode_ms, e2e_ms,
         preempted_ms) — milliseconds, like the Timings message it also fills."""
         c = completion
-        self.finished.labels(c.finish_reason, status).inc()
+        self.finished.labels(c.finish_reason.label, status).inc()
         self.prompt_tokens.inc(c.num_prompt_tokens)
         self.queue.observe(c.queue_ms / 1e3)
         self.prefill.observe(c.prefill_ms / 1e3)
@@ -308,7 +308,7 @@ class PreprocessMetrics:
                 if hasattr(event, "token_ids") and not hasattr(event, "finish_reason"):
                     clock.on_tokens(len(event.token_ids))
                 elif hasattr(event, "finish_reason") and hasattr(event, "completion_tokens"):
-                    end = {"finish_reason": event.finish_reason, "status": "OK", "prompt_tokens": event.prompt_tokens,
+                    end = {"finish_reason": event.finish_reason.label, "status": "OK", "prompt_tokens": event.prompt_tokens,
                            "completion_tokens": event.completion_tokens, "timings": dict(event.timings_ms)}
                 elif hasattr(event, "error") and hasattr(event.error, "code"):
                     end = {"finish_reason": "error", "status": event.error.code.name}

@@ -16,10 +16,11 @@ from collections.abc import Hashable
 from concurrent.futures import Future
 
 from services.common import errors
+from services.common.finish import FinishReason
 from services.common.serving import ServingState
 from services.generation.block_manager import BlockManager
 from services.generation.grammar.requests import GrammarRequests
-from services.generation.outputs import FINISH_CANCELLED, Failure, StepOutput
+from services.generation.outputs import Failure, StepOutput
 from services.generation.request_checks import check_input_end, check_prompt_tokens
 from services.generation.request_endings import RequestEndings
 from services.generation.sampling_params import SamplingParams, validate_embedding, validate_sampling_params
@@ -140,4 +141,4 @@ class EngineCommands:
     def _abort(self, out: StepOutput, key: Hashable) -> None:
         seq = self.seqs.get(key)
         if seq is not None:
-            self.endings.finish(out, seq, FINISH_CANCELLED)
+            self.endings.finish(out, seq, FinishReason.CANCELLED)

@@ -6,6 +6,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from services.common.errors import MstarError
+from services.common.finish import FinishReason
 from services.generation.sequence import Sequence
 
 
@@ -23,11 +24,6 @@ class SampleOutput:
     token_ids: list[int]  # one per row
     logprobs: list[TokenLogprobs | None]  # one per row; None where not asked
     is_finite: list[bool]  # False: the row's logits had NaN/Inf; its token is meaningless
-
-
-FINISH_STOP = "stop"  # EOS, or a stop token id
-FINISH_LENGTH = "length"  # max_tokens or the context length
-FINISH_CANCELLED = "cancelled"  # aborted by the client
 
 
 @dataclass
@@ -50,7 +46,7 @@ class TensorEvent:
 @dataclass
 class Completion:
     key: Hashable
-    finish_reason: str
+    finish_reason: FinishReason  # END, LENGTH or CANCELLED (stop strings are preprocess's)
     num_prompt_tokens: int
     num_cached_tokens: int
     num_output_tokens: int
@@ -68,7 +64,7 @@ class Completion:
     warnings: list[str] = field(default_factory=list)
 
 
-def completion_of(seq: Sequence, reason: str, now: float, wall_offset: float) -> Completion:
+def completion_of(seq: Sequence, reason: FinishReason, now: float, wall_offset: float) -> Completion:
     """A finished request's Completion; `now` is monotonic, wall_offset = time.time() - monotonic()."""
     t = seq.timing
     first = t.first_token or now

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from services.common import errors
 from services.common.fault_boundary import FaultBoundary, RequestFault
-from services.generation.outputs import FINISH_LENGTH, FINISH_STOP, SampleOutput, TensorEvent, TokenEvent
+from services.common.finish import FinishReason
+from services.generation.outputs import SampleOutput, TensorEvent, TokenEvent
 from services.generation.sequence import Sequence
 
 
@@ -30,7 +31,7 @@ class RowOutcome:
     seq: Sequence
     token: TokenEvent | None = None
     tensor: TensorEvent | None = None
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: errors.MstarError | None = None
 
 
@@ -68,7 +69,7 @@ class Postprocess:
         if data is None:
             return RowOutcome(seq, error=errors.internal(
                 "the model produced a non-finite hidden state", "NON_FINITE_LOGITS"))
-        return RowOutcome(seq, tensor=TensorEvent(seq.key, data, (len(data) // 4,)), finish_reason=FINISH_STOP)
+        return RowOutcome(seq, tensor=TensorEvent(seq.key, data, (len(data) // 4,)), finish_reason=FinishReason.END)
 
     def _token(self, seq: Sequence, drawn, now: float) -> RowOutcome:
         if isinstance(drawn, RequestFault):
@@ -92,11 +93,11 @@ class Postprocess:
         event = TokenEvent(seq.key, token, seq.num_output_tokens - 1, logprobs)
         return RowOutcome(seq, token=event, finish_reason=self._finish_reason(seq, token))
 
-    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         if token in seq.params.stop_token_ids or (not seq.params.ignore_eos and token in self.runner.eos_token_ids):
-            return FINISH_STOP
+            return FinishReason.END
         if seq.grammar is not None and seq.grammar.is_terminated:
-            return FINISH_STOP  # the grammar ended (even with ignore_eos: it allows nothing else)
+            return FinishReason.END  # the grammar ended (even with ignore_eos: it allows nothing else)
         if seq.num_output_tokens >= seq.max_tokens or len(seq) >= self.runner.max_model_len:
-            return FINISH_LENGTH
+            return FinishReason.LENGTH
         return None

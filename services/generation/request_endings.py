@@ -13,6 +13,7 @@ from collections.abc import Hashable
 
 from services.common import errors
 from services.common.fault_boundary import FaultBoundary, RequestFault
+from services.common.finish import FinishReason
 from services.generation.block_manager import BlockManager
 from services.generation.outputs import Failure, StepOutput, completion_of
 from services.generation.scheduler import Scheduler
@@ -33,7 +34,7 @@ class RequestEndings:
         self.boundary = boundary
         self._wall_offset = time.time() - time.monotonic()  # Completion times are Unix seconds
 
-    def finish(self, out: StepOutput, seq: Sequence, reason: str) -> None:
+    def finish(self, out: StepOutput, seq: Sequence, reason: FinishReason) -> None:
         self._remove(seq)
         completion = self.boundary.call("finish", seq.key, completion_of, seq, reason, time.monotonic(),
                                         self._wall_offset)

@@ -345,7 +345,7 @@ def _end_span(span: Span | None, item, error: errors.MstarError | None = None) -
         span.set_status(StatusCode.ERROR, error.reason)
     elif item is not None:
         span.set_attributes({
-            "mstar.finish_reason": item.finish_reason, "mstar.output_tokens": item.num_output_tokens,
+            "mstar.finish_reason": item.finish_reason.label, "mstar.output_tokens": item.num_output_tokens,
             "mstar.cached_tokens": item.num_cached_tokens, "mstar.queue_ms": item.queue_ms,
             "mstar.prefill_ms": item.prefill_ms, "mstar.ttft_ms": item.ttft_ms, "mstar.decode_ms": item.decode_ms,
         })

@@ -9,11 +9,9 @@ from mstar.generation.v1 import generation_service_pb2 as gen_pb2
 from mstar.v1 import messages_pb2 as pb
 
 from services.common import errors
+from services.common.finish_wire import WIRE as FINISH_WIRE
 from services.common.structured_output_wire import structured_output_of
 from services.generation.outputs import (
-    FINISH_CANCELLED,
-    FINISH_LENGTH,
-    FINISH_STOP,
     Completion,
     Failure,
     TensorEvent,
@@ -22,9 +20,6 @@ from services.generation.outputs import (
 )
 from services.generation.sampling_params import Embedding, SamplingParams
 from services.generation.stats import COUNTER, KINDS
-
-_FINISH = {FINISH_STOP: pb.FINISH_REASON_STOP, FINISH_LENGTH: pb.FINISH_REASON_LENGTH,
-           FINISH_CANCELLED: pb.FINISH_REASON_CANCELLED}
 
 
 def _timestamp(unix_s: float) -> timestamp_pb2.Timestamp:
@@ -154,7 +149,7 @@ def request_complete(c: Completion) -> gen_pb2.ServerFrame:
             queue_ms=c.queue_ms, prefill_ms=c.prefill_ms, time_to_first_token_ms=c.ttft_ms,
             decode_ms=c.decode_ms, e2e_ms=c.e2e_ms, preempted_ms=c.preempted_ms,
         ),
-        finish_reason=_FINISH[c.finish_reason],
+        finish_reason=FINISH_WIRE[c.finish_reason],
         warnings=c.warnings,
     ))
 

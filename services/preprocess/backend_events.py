@@ -8,13 +8,9 @@ from dataclasses import dataclass, field
 from mstar.v1 import messages_pb2 as pb
 
 from services.common.errors import MstarError
+from services.common.finish import FinishReason
+from services.common.finish_wire import finish_reason_of
 from services.preprocess.request import TokenLogprobs
-
-_FINISH = {
-    pb.FINISH_REASON_STOP: "stop",
-    pb.FINISH_REASON_LENGTH: "length",
-    pb.FINISH_REASON_CANCELLED: "cancelled",
-}
 
 
 @dataclass(frozen=True)
@@ -38,7 +34,7 @@ class Heartbeat:
 
 @dataclass(frozen=True)
 class BackendFinished:
-    finish_reason: str
+    finish_reason: FinishReason
     cached_prompt_tokens: int = 0
     completion_tokens: int = 0
     timings_ms: dict[str, float] = field(default_factory=dict)
@@ -69,7 +65,7 @@ def finished_event(done: pb.RequestComplete) -> BackendFinished:
         if done.HasField(name)
     }
     return BackendFinished(
-        finish_reason=_FINISH.get(done.finish_reason, "stop"),
+        finish_reason=finish_reason_of(done.finish_reason),
         cached_prompt_tokens=done.usage.cached_prompt_tokens,
         completion_tokens=done.usage.completion_tokens,
         timings_ms=timings,

@@ -10,9 +10,9 @@ import uuid
 from dataclasses import dataclass, field
 
 from services.common.errors import MstarError
+from services.common.finish import FinishReason
 from services.common.structured_output import StructuredOutput
 from services.preprocess.chat_template import ChatMessage
-from services.preprocess.finish import FinishReason, finish_of
 from services.preprocess.tools import Tool
 
 # Modality names used inside the service (wire enum values map onto these in wire.py).
@@ -170,7 +170,7 @@ class Profile:
 @dataclass(frozen=True)
 class Complete:
     request_id: str
-    finish_reason: str  # "stop" | "length" | "cancelled"
+    finish_reason: FinishReason
     stop_reason: str
     prompt_tokens: int
     cached_prompt_tokens: int
@@ -185,10 +185,6 @@ class Complete:
     # What reached the service for it: its PreprocessInput and ClientAppends.
     rx_messages: int = 0
     rx_bytes: int = 0
-
-    @property
-    def reason(self) -> FinishReason:
-        return finish_of(self.finish_reason, self.stop_reason)
 
 
 @dataclass(frozen=True)

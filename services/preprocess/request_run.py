@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from services.common import hop_trace
 from services.common.errors import Code, MstarError, failed_precondition, renamed
+from services.common.finish import FinishReason
 from services.common.prompt_fit import check_prompt_fits
 from services.preprocess import limits as caps
 from services.preprocess.admission import Admission, Ticket
@@ -325,9 +326,9 @@ class RequestRun:
                 yield Failed(rid, renamed(terminal.error, self.spec.field_renames))
                 return
             reason = (
-                "cancelled"
+                FinishReason.CANCELLED
                 if isinstance(terminal, _Cancelled)
-                else ("stop" if stop else terminal.finish_reason)
+                else (FinishReason.STOP_STRING if stop else terminal.finish_reason)
             )
             backend = terminal if isinstance(terminal, BackendFinished) else BackendFinished(reason)
             yield Complete(
@@ -364,11 +365,11 @@ class RequestRun:
                         event = await queue.get()
                 except TimeoutError:
                     self._backend.abort("stop string matched")
-                    return BackendFinished("stop")
+                    return BackendFinished(FinishReason.STOP_STRING)
             if isinstance(event, BackendFinished):
-                return replace(event, finish_reason="stop")
+                return replace(event, finish_reason=FinishReason.STOP_STRING)
             if isinstance(event, BackendFailed):
-                return BackendFinished("stop")
+                return BackendFinished(FinishReason.STOP_STRING)
 
     def _node_timings_ms(self, backend: BackendFinished, postprocess_s: float) -> dict[str, float]:
         """The request's path through the services: preprocessing (validation, template,

@@ -14,6 +14,7 @@ from mstar.v1 import inference_service_pb2 as api
 from mstar.v1 import messages_pb2 as pb
 
 from services.common.errors import invalid_argument
+from services.common.finish_wire import WIRE as FINISH_WIRE
 from services.common.sampling_fields import native_prefix
 from services.common.structured_output_wire import structured_output_of, structured_output_pb
 from services.preprocess.chat_template import ChatMessage
@@ -43,11 +44,6 @@ MODALITY_NAMES = {
     pb.MODALITY_VIDEO: "video",
 }
 MODALITY_ENUMS = {name: value for value, name in MODALITY_NAMES.items() if value != pb.MODALITY_UNSPECIFIED}
-FINISH_ENUMS = {
-    "stop": pb.FINISH_REASON_STOP,
-    "length": pb.FINISH_REASON_LENGTH,
-    "cancelled": pb.FINISH_REASON_CANCELLED,
-}
 _OPTIONAL_SAMPLING = (
     "temperature",
     "top_p",
@@ -266,7 +262,7 @@ def complete(e: Complete, tx: pb.TransferInfo | None = None) -> pb.RequestComple
             total_tokens=e.prompt_tokens + e.completion_tokens,
         ),
         timings=pb.Timings(**e.timings_ms),
-        finish_reason=FINISH_ENUMS[e.finish_reason],
+        finish_reason=FINISH_WIRE[e.finish_reason],
         stop_reason=e.stop_reason,
         warnings=e.warnings,
         node_timings=[pb.NodeTiming(node=node, duration_ms=ms) for node, ms in e.node_timings_ms.items()],

@@ -9,6 +9,7 @@ import grpc
 from fake_generation import FakeGeneration, start_fake
 
 from services.common.errors import Code
+from services.common.finish import FinishReason
 from services.preprocess.backend_events import BackendFailed, BackendFinished, TokenStep
 from services.preprocess.replica_pool import PoolConfig, ReplicaPool
 from services.preprocess.request import Sampling
@@ -183,7 +184,7 @@ def test_a_silent_replica_takes_nothing_new_moves_what_may_move_and_finishes_the
             assert not touched.ended
             fakes.fakes[victim].frozen = False
             events = await events_of(touched, timeout_s=10)
-            assert isinstance(events[-1], BackendFinished) and events[-1].finish_reason == "length", events[-1]
+            assert isinstance(events[-1], BackendFinished) and events[-1].finish_reason is FinishReason.LENGTH, events[-1]
             assert sum(isinstance(e, TokenStep) for e in events) == 200
             await wait_for(lambda: pool.replicas[victim].serving)
             untouched.append([43], end=True)

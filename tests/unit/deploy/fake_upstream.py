@@ -27,6 +27,7 @@ from mstar.v1 import inference_service_pb2 as ipb
 from mstar.v1 import inference_service_pb2_grpc as ipb_grpc
 
 from services.common import errors, grpc_errors
+from services.common.finish import FinishReason
 from services.common.server import GrpcServer
 from services.preprocess import wire
 from services.preprocess.http_routes import HttpRoutes
@@ -51,7 +52,7 @@ async def script(spec: RequestSpec):
     for i, piece in enumerate(("Hello", " world")):
         await asyncio.sleep(0.01)
         yield Chunk(rid, i, piece, (1,))
-    yield Complete(rid, "length", "", prompt_tokens=3, cached_prompt_tokens=0, completion_tokens=2, chunks=2)
+    yield Complete(rid, FinishReason.LENGTH, "", prompt_tokens=3, cached_prompt_tokens=0, completion_tokens=2, chunks=2)
 
 
 class FakeRunner:

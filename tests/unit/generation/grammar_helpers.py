@@ -32,7 +32,7 @@ def run(engine: Engine, requests: dict):
         engine.add_request(key, prompt, params)
     tokens, completed, failed, _ = drive(engine, idle_wait_s=IDLE_WAIT_S)
     texts = {k: text_of(engine, ids) for k, ids in tokens.items()}
-    return texts, {k: c.finish_reason for k, c in completed.items()}, tokens, failed
+    return texts, {k: c.finish_reason.label for k, c in completed.items()}, tokens, failed
 
 
 def constrained(structured_output, seed: int = 0, temperature: float = 1.0, max_tokens: int = 200, **kw):

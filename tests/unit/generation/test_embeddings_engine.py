@@ -14,6 +14,7 @@ import torch
 from generation_helpers import drive, make_engine
 
 from services.common.errors import Code
+from services.common.finish import FinishReason
 from services.generation.engine import Engine, EngineConfig
 from services.generation.model_runner import ModelRunner, RunnerConfig
 from services.generation.sampling_params import Embedding, SamplingParams
@@ -79,7 +80,7 @@ def test_embedding_matches_hf_hidden_states_in_a_mixed_chunked_batch(tiny_checkp
         np.testing.assert_allclose(got, hf_embedding(model, prompt, pooling=pooling), rtol=0, atol=TOLERANCE)
         assert abs(np.linalg.norm(got) - 1) < 1e-5
         done = completed[key]
-        assert (done.finish_reason, done.num_output_tokens, done.num_prompt_tokens) == ("stop", 0, len(prompt))
+        assert (done.finish_reason, done.num_output_tokens, done.num_prompt_tokens) == (FinishReason.END, 0, len(prompt))
         assert key not in tokens  # prefill only: nothing was sampled
     got, shape = vector(tensors, "half")
     assert shape == (16,)
@@ -135,7 +136,7 @@ def test_embedding_aborted_mid_prefill_frees_its_blocks(tiny_checkpoint):
     assert engine.block_manager.num_free_blocks < total
     engine.abort("e")
     out = engine.run_once()
-    assert [c.finish_reason for c in out.completed] == ["cancelled"] and not out.tensors
+    assert [c.finish_reason for c in out.completed] == [FinishReason.CANCELLED] and not out.tensors
     assert engine.block_manager.num_free_blocks == total
 
 

@@ -8,6 +8,7 @@ import torch
 from generation_helpers import drive, make_engine
 
 from services.common.errors import Code
+from services.common.finish import FinishReason
 from services.common.serving import State
 from services.generation.sampling_params import SamplingParams
 
@@ -44,7 +45,7 @@ def test_abort_frees_blocks_within_a_step_and_is_idempotent(tiny_checkpoint):
     engine.abort("a")
     engine.abort("nope")  # unknown: no-op
     out = engine.run_once()
-    assert [c.key for c in out.completed] == ["a"] and out.completed[0].finish_reason == "cancelled"
+    assert [c.key for c in out.completed] == ["a"] and out.completed[0].finish_reason is FinishReason.CANCELLED
     assert "a" not in engine.seqs
     tokens, completed, failed, _ = drive(engine)
     engine.abort("a")  # finished: no-op
@@ -82,7 +83,7 @@ def test_max_tokens_clamped_to_the_context_with_a_warning(tiny_checkpoint):
     engine = make_engine(tiny_checkpoint, num_blocks=128)
     engine.add_request("a", list(range(3, 253)), SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True))
     tokens, completed, _, _ = drive(engine)
-    assert len(tokens["a"]) == 6 and completed["a"].finish_reason == "length"
+    assert len(tokens["a"]) == 6 and completed["a"].finish_reason is FinishReason.LENGTH
     assert completed["a"].warnings == ["max_tokens clamped to 6"]
 
 

@@ -15,6 +15,7 @@ import pytest
 from grammar_helpers import EOS, constrained, make_engine, parse_calls, run, tool_tags
 
 from services.common.errors import Code
+from services.common.finish import FinishReason
 from services.common.structured_output import StructuredOutput
 from services.generation.engine import Engine, EngineConfig
 from services.generation.null_runner import NullRunner
@@ -230,7 +231,7 @@ def test_abort_while_compiling_frees_everything_and_a_reused_key_is_not_crossed(
     engine.run_once()
     engine.abort("c")
     out = engine.run_once()
-    assert [(c.key, c.finish_reason) for c in out.completed] == [("c", "cancelled")]
+    assert [(c.key, c.finish_reason) for c in out.completed] == [("c", FinishReason.CANCELLED)]
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     engine.add_request("c", [5], constrained(StructuredOutput.from_regex("[0-9]{3}")))  # same key, new request
     release.set()
@@ -246,7 +247,7 @@ def test_abort_mid_generation_frees_the_request(tiny_checkpoint):
     while not (engine.seqs["c"].grammar and engine.seqs["c"].num_output_tokens >= 3):
         engine.run_once(0.05)
     engine.abort("c")
-    assert engine.run_once().completed[0].finish_reason == "cancelled"
+    assert engine.run_once().completed[0].finish_reason is FinishReason.CANCELLED
     assert not engine.seqs and engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 

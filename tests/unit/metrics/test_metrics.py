@@ -11,6 +11,7 @@ from mstar.generation.v1 import generation_service_pb2
 from prometheus_client import generate_latest
 
 from services.common.conductor_collector import conductor_metric_name
+from services.common.finish import FinishReason
 from services.common.logs import JsonFormatter
 from services.common.metrics import (
     GenerationMetrics,
@@ -28,7 +29,7 @@ def value(metrics, name, labels=None):
 
 
 def completion(**over):
-    base = dict(finish_reason="length", num_prompt_tokens=10, num_cached_tokens=0, num_output_tokens=5,
+    base = dict(finish_reason=FinishReason.LENGTH, num_prompt_tokens=10, num_cached_tokens=0, num_output_tokens=5,
                 queue_ms=2.0, prefill_ms=30.0, ttft_ms=40.0, decode_ms=80.0, e2e_ms=120.0, preempted_ms=0.0)
     return SimpleNamespace(**(base | over))
 
@@ -124,7 +125,7 @@ def test_conductor_status_export():
 
 
 def test_timing_headers_and_timings_of_a_complete():
-    done = Complete("r", "stop", "", prompt_tokens=5, cached_prompt_tokens=2, completion_tokens=3, chunks=1,
+    done = Complete("r", FinishReason.END, "", prompt_tokens=5, cached_prompt_tokens=2, completion_tokens=3, chunks=1,
                     timings_ms={"time_to_first_token_ms": 12.5})
     meta = dict(timing_headers(done))
     assert meta["x-mstar-time-to-first-token-ms"] == "12.500"
@@ -178,7 +179,7 @@ def test_observe_wraps_a_request_event_stream():
     import asyncio
 
     chunk = SimpleNamespace(token_ids=(5, 6), text="ab")
-    done = SimpleNamespace(finish_reason="length", prompt_tokens=4, completion_tokens=3, timings_ms={"queue_ms": 1.0})
+    done = SimpleNamespace(finish_reason=FinishReason.LENGTH, prompt_tokens=4, completion_tokens=3, timings_ms={"queue_ms": 1.0})
     failed = SimpleNamespace(error=SimpleNamespace(code=SimpleNamespace(name="UNAVAILABLE")))
 
     async def events(*evs):
@@ -212,7 +213,7 @@ def test_observe_wraps_a_request_event_stream():
 def test_observe_records_the_terminal_event_before_handing_it_on():
     import asyncio
 
-    done = SimpleNamespace(finish_reason="stop", prompt_tokens=1, completion_tokens=0, timings_ms={})
+    done = SimpleNamespace(finish_reason=FinishReason.END, prompt_tokens=1, completion_tokens=0, timings_ms={})
     m = PreprocessMetrics()
 
     async def events():

@@ -5,6 +5,7 @@ request finishes still gets every token, then the finish."""
 from mstar.v1 import messages_pb2 as pb
 
 from services.common.errors import Code
+from services.common.finish import FinishReason
 from services.preprocess.backend import GenerationBackend
 from services.preprocess.backend_events import BackendFailed, BackendFinished, TokenStep
 from services.preprocess.backend_request import BackendRequest
@@ -31,9 +32,9 @@ def test_a_reader_behind_at_the_finish_still_gets_every_token_then_the_finish():
     _, request, sent = backend_with_request(queue_size=4)
     for i in range(4):
         request.deliver(TokenStep(i))
-    request.deliver(BackendFinished("length", completion_tokens=4))
+    request.deliver(BackendFinished(FinishReason.LENGTH, completion_tokens=4))
     assert drain(request) == [TokenStep(0), TokenStep(1), TokenStep(2), TokenStep(3),
-                              BackendFinished("length", completion_tokens=4)]
+                              BackendFinished(FinishReason.LENGTH, completion_tokens=4)]
     assert request.ended and not sent  # finished normally: nothing to abort
 
 
@@ -47,7 +48,7 @@ def test_a_reader_over_the_bound_is_failed_slow_consumer_and_aborted_in_the_engi
     assert request.ended and "r0" not in backend._requests
     assert [e.abort.request_id for e in sent] == ["r0"]
     request.deliver(TokenStep(9))  # the engine's late tokens and finish are dropped after the end
-    request.deliver(BackendFinished("length"))
+    request.deliver(BackendFinished(FinishReason.LENGTH))
     assert request.queue.empty()
 
 

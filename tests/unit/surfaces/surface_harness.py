@@ -14,6 +14,7 @@ from pathlib import Path
 from mstar.v1 import messages_pb2 as pb
 
 from services.common.errors import Code, MstarError
+from services.common.finish import FinishReason
 from services.common.serving import ServingState
 from services.preprocess.admission import Admission, AdmissionLimits
 from services.preprocess.backend import GenerationBackend
@@ -81,7 +82,7 @@ class EchoBackend(GenerationBackend):
                 request.deliver(BackendFailed(MstarError(Code.UNAVAILABLE, "BACKEND_UNAVAILABLE", "engine lost")))
                 return
             request.deliver(TensorResult(echo_embedding(ids, width), (width,)))
-            request.deliver(BackendFinished("stop"))
+            request.deliver(BackendFinished(FinishReason.END))
         finally:
             self.in_flight -= 1
 
@@ -103,14 +104,14 @@ class EchoBackend(GenerationBackend):
             request.deliver(TokenStep(token, lp))
             out += 1
             if token in stop_ids:
-                request.deliver(BackendFinished("stop", cached_prompt_tokens=1, completion_tokens=out))
+                request.deliver(BackendFinished(FinishReason.END, cached_prompt_tokens=1, completion_tokens=out))
                 return
             if out >= limit:
-                request.deliver(BackendFinished("length", cached_prompt_tokens=1, completion_tokens=out))
+                request.deliver(BackendFinished(FinishReason.LENGTH, cached_prompt_tokens=1, completion_tokens=out))
                 return
         while self.hold and not request.ended:
             await asyncio.sleep(0.01)
-        request.deliver(BackendFinished("stop", cached_prompt_tokens=1, completion_tokens=out))
+        request.deliver(BackendFinished(FinishReason.END, cached_prompt_tokens=1, completion_tokens=out))
 
 
 ECHO_WIDTH = 8

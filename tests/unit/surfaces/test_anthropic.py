@@ -9,6 +9,7 @@ import pytest
 from surface_harness import GOLDEN, EchoBackend, collect, http, make_runner, sse_events
 
 from services.common.errors import Code, MstarError, internal
+from services.common.finish import FinishReason
 from services.preprocess.chat_template import ChatMessage
 from services.preprocess.request import Accepted, Chunk, Complete, Failed, KeepAlive, Profile, RequestSpec
 from services.preprocess.surfaces.anthropic import errors, render
@@ -44,7 +45,7 @@ def test_stream_golden_event_sequence():
         Profile("r1", 0.0, 0.0, (), ()),
         Chunk("r1", 1, "", ()),
         Chunk("r1", 2, " there", (2, 3)),
-        Complete("r1", "stop", "\n\n", prompt_tokens=9, cached_prompt_tokens=4, completion_tokens=3, chunks=2),
+        Complete("r1", FinishReason.STOP_STRING, "\n\n", prompt_tokens=9, cached_prompt_tokens=4, completion_tokens=3, chunks=2),
     ]
     text = b"".join(f.data for e in script for f in out.on_event(e)).decode()
     assert text == (GOLDEN / "anthropic_message_stream.sse").read_text()
@@ -69,7 +70,7 @@ def test_stream_error_after_start_is_an_error_event_then_the_end_with_the_usage_
 def test_stream_cancelled_is_an_error_event_then_the_end():
     out = render.MessageStream("m", 30.0)
     out.on_event(Accepted("r", "", 4, 8))
-    frames = out.on_event(Complete("r", "cancelled", "", prompt_tokens=4, cached_prompt_tokens=0,
+    frames = out.on_event(Complete("r", FinishReason.CANCELLED, "", prompt_tokens=4, cached_prompt_tokens=0,
                                    completion_tokens=2, chunks=1))
     names = [e for e, _ in sse_events(frames)]
     assert names == ["error", "content_block_stop", "message_delta", "message_stop"]
@@ -77,7 +78,8 @@ def test_stream_cancelled_is_an_error_event_then_the_end():
 
 
 @pytest.mark.parametrize(("reason", "stop", "expected"), [
-    ("stop", "", "end_turn"), ("stop", "END", "stop_sequence"), ("length", "", "max_tokens")])
+    (FinishReason.END, "", "end_turn"), (FinishReason.STOP_STRING, "END", "stop_sequence"),
+    (FinishReason.LENGTH, "", "max_tokens")])
 def test_stop_reasons(reason, stop, expected):
     msg = render.message("msg_x", "m", "t", Complete("x", reason, stop, 5, 2, 1, 1))
     assert msg["stop_reason"] == expected and msg["stop_sequence"] == (stop or None)

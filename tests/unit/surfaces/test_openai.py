@@ -10,6 +10,7 @@ import pytest
 from surface_harness import GOLDEN, EchoBackend, collect, http, make_runner, sse_events
 
 from services.common.errors import Code, MstarError
+from services.common.finish import FinishReason
 from services.preprocess.chat_template import ChatMessage
 from services.preprocess.request import Accepted, Chunk, Complete, KeepAlive, RequestSpec
 from services.preprocess.surfaces.http import HttpRequest
@@ -184,7 +185,7 @@ def test_chat_stream_golden_event_sequence():
                   token_text=str, token_bytes=bytes, keepalive_s=30.0)
     out.env.created = 1700000000
     script = [Accepted("r1", "", 9, 16), KeepAlive("r1"), Chunk("r1", 0, "Hello", (1,)), Chunk("r1", 1, " there", (2,)),
-              Complete("r1", "stop", "", prompt_tokens=9, cached_prompt_tokens=4, completion_tokens=2, chunks=2,
+              Complete("r1", FinishReason.END, "", prompt_tokens=9, cached_prompt_tokens=4, completion_tokens=2, chunks=2,
                        timings_ms={"e2e_ms": 5.0})]
     frames = [f for e in script for f in out.on_event(0, e)] + out.end()
     assert b"".join(f.data for f in frames).decode() == (GOLDEN / "openai_chat_stream.sse").read_text()

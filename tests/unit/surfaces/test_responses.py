@@ -10,6 +10,7 @@ import pytest
 from surface_harness import GOLDEN, EchoBackend, collect, http, make_runner, sse_events
 
 from services.common.errors import Code, MstarError
+from services.common.finish import FinishReason
 from services.preprocess.chat_template import ChatMessage
 from services.preprocess.request import Complete, RequestSpec
 from services.preprocess.surfaces.http import HttpRequest
@@ -45,7 +46,7 @@ def test_stream_golden_event_sequence():
                           {"k": "v"})
     out = ResponseStream(state, 30.0)
     frames = out.start() + out.delta("Hello") + out.delta(" there")
-    state.finish(Complete("r1", "stop", "", prompt_tokens=9, cached_prompt_tokens=4, completion_tokens=3, chunks=2))
+    state.finish(Complete("r1", FinishReason.END, "", prompt_tokens=9, cached_prompt_tokens=4, completion_tokens=3, chunks=2))
     frames += out.end()
     assert b"".join(f.data for f in frames).decode() == (GOLDEN / "responses_stream.sse").read_text()
 

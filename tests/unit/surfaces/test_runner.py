@@ -9,6 +9,7 @@ import pytest
 from surface_harness import EchoBackend, make_runner
 
 from services.common.errors import Code, MstarError
+from services.common.finish import FinishReason
 from services.common.metrics import PreprocessMetrics
 from services.preprocess.backend_events import TokenStep
 from services.preprocess.request import Accepted, Chunk, Complete, RequestSpec, Sampling
@@ -88,7 +89,7 @@ def test_cancel_by_id_ends_with_cancelled(model):
         assert runner.cancel("c") and not runner.cancel("nope")
         return [e async for e in stream]
 
-    assert asyncio.run(go())[-1].finish_reason == "cancelled"
+    assert asyncio.run(go())[-1].finish_reason is FinishReason.CANCELLED
 
 
 def test_metrics_are_labelled_by_surface(model):

@@ -10,6 +10,7 @@ import pytest
 from surface_harness import EchoBackend, collect, http, make_runner, sse_events
 
 from services.common.errors import Code, MstarError, invalid_argument, renamed
+from services.common.finish import FinishReason
 from services.preprocess import tools
 from services.preprocess.request import Accepted, Chunk, Complete
 from services.preprocess.surfaces.anthropic import render as anthropic_render
@@ -117,13 +118,13 @@ def test_engine_errors_are_renamed_to_the_clients_field():
 CALL = tools.begin("get_weather") + '{"city": "Paris"}' + tools.END
 
 
-def script(pieces, finish="stop"):
+def script(pieces, finish=FinishReason.END):
     return [Accepted("r1", "", 9, 16), *(Chunk("r1", i, p, (i,)) for i, p in enumerate(pieces)),
             Complete("r1", finish, "", prompt_tokens=9, cached_prompt_tokens=0, completion_tokens=len(pieces),
                      chunks=len(pieces))]
 
 
-def run_choices(stream, pieces, finish="stop"):
+def run_choices(stream, pieces, finish=FinishReason.END):
     out = Choices(chat=True, n=1, stream=stream, include_usage=False, logprobs=False, model="m",
                   token_text=str, token_bytes=bytes, keepalive_s=30.0, tool_calls=True)
     frames = [f for e in script(pieces, finish) for f in out.on_event(0, e)] + out.end()
@@ -145,7 +146,7 @@ def test_openai_tool_calls_streamed_and_not():
     assert "".join(f["function"]["arguments"] for f in fragments) == '{"city": "Paris"}'
     assert chunks[-1]["finish_reason"] == "tool_calls"
     # A call cut by max_tokens is text, and the finish reason stays "length".
-    cut = run_choices(True, ["<tool_call>\n{\"name\": "], finish="length")
+    cut = run_choices(True, ["<tool_call>\n{\"name\": "], finish=FinishReason.LENGTH)
     assert cut[-2][1]["choices"][0]["finish_reason"] == "length"
     assert "".join(d["choices"][0]["delta"].get("content") or "" for _, d in cut[:-1]) == "<tool_call>\n{\"name\": "
 

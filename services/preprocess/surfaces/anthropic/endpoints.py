@@ -14,9 +14,9 @@ from contextlib import aclosing
 from dataclasses import replace
 
 from services.common import errors
+from services.common.finish import FinishReason
 from services.common.metrics import timing_headers
 from services.preprocess.chat_template import ChatMessage
-from services.preprocess.finish import FinishReason
 from services.preprocess.request import Chunk, Complete, Failed, RequestSpec
 from services.preprocess.runner import RunScope
 from services.preprocess.surfaces import fields
@@ -102,7 +102,7 @@ async def create_message(req: HttpRequest, runs: RunScope) -> AsyncIterator[Fram
             elif isinstance(event, Failed):
                 raise event.error
             elif isinstance(event, Complete):
-                if event.reason is FinishReason.CANCELLED:
+                if event.finish_reason is FinishReason.CANCELLED:
                     raise errors.cancelled("the request was cancelled")
                 msg = render.message("msg_" + accepted.request_id, body.model, "".join(text), event,
                                      tool_calls=body.uses_tools)

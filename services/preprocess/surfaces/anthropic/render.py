@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 
 from services.common.errors import MstarError
-from services.preprocess.finish import FinishReason
+from services.common.finish import FinishReason
 from services.preprocess.request import Accepted, Chunk, Complete, Failed, KeepAlive
 from services.preprocess.surfaces.anthropic.errors import cancelled_error, error_object
 from services.preprocess.surfaces.http import Frame, KeepAlivePacer, sse
@@ -78,7 +78,7 @@ def tool_use_block(call: ToolCall, with_input: bool = True) -> dict:
 
 
 def stop_reason(done: Complete, called: bool) -> str | None:
-    reason = STOP_REASONS[done.reason]
+    reason = STOP_REASONS[done.finish_reason]
     return "tool_use" if called and reason == "end_turn" else reason
 
 
@@ -184,7 +184,7 @@ class MessageStream:
         return [sse({"type": "content_block_stop", "index": self.block}, "content_block_stop")]
 
     def _finish(self, done: Complete) -> list[Frame]:
-        if done.reason is FinishReason.CANCELLED:
+        if done.finish_reason is FinishReason.CANCELLED:
             return self._end_in_error(cancelled_error(), done.completion_tokens)
         frames = self._text(self.parser.finish()) if self.parser is not None else []
         delta = {"stop_reason": stop_reason(done, self.calls > 0), "stop_sequence": done.stop_reason or None}

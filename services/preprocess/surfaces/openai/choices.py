@@ -116,7 +116,7 @@ class Choices:
         return frames
 
     def _on_complete(self, index: int, choice: Choice, done: Complete) -> list[Frame]:
-        choice.finish = render.FINISH_REASONS[done.reason]
+        choice.finish = render.FINISH_REASONS[done.finish_reason]
         choice.prompt_tokens = done.prompt_tokens or choice.prompt_tokens
         choice.cached_tokens = done.cached_prompt_tokens
         choice.completion_tokens = done.completion_tokens

@@ -27,6 +27,7 @@ from pydantic import BeforeValidator, Discriminator, Field, Tag
 from pydantic_core import PydanticCustomError
 
 from services.common import errors
+from services.common.finish import FinishReason
 from services.common.prompt_fit import check_prompt_fits
 from services.common.sampling_fields import EMBEDDINGS
 from services.preprocess.prompt import min_prompt_tokens
@@ -177,7 +178,7 @@ async def _run_all(specs: list[RequestSpec], runs: RunScope) -> list[Tensor]:
                 elif isinstance(event, Failed):
                     raise event.error
                 elif isinstance(event, Complete):
-                    if event.finish_reason == "cancelled":
+                    if event.finish_reason is FinishReason.CANCELLED:
                         raise errors.cancelled("the request was cancelled")
                     break
         if results[i] is None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.common.errors import MstarError
-from services.preprocess.finish import FinishReason
+from services.common.finish import FinishReason
 from services.preprocess.surfaces.http import Frame, sse, sse_frame
 from services.preprocess.surfaces.openai.errors import error_object
 from services.preprocess.tools import ToolCall

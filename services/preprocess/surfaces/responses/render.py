@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.common.errors import MstarError
-from services.preprocess.finish import FinishReason
+from services.common.finish import FinishReason
 from services.preprocess.request import Chunk, Complete, KeepAlive
 from services.preprocess.surfaces.http import SSE_COMMENT_KEEPALIVE, Frame, KeepAlivePacer, sse
 from services.preprocess.tools import CallStream, ToolCall
@@ -88,8 +88,8 @@ class ResponseState:
         if self.parser is not None:
             self.unsent = self.parser.finish()
             self.content += self.unsent
-        self.status = STATUS[done.reason]
-        if done.reason is FinishReason.LENGTH:
+        self.status = STATUS[done.finish_reason]
+        if done.finish_reason is FinishReason.LENGTH:
             self.incomplete_reason = "max_output_tokens"
         self.usage = usage(done.prompt_tokens, done.cached_prompt_tokens, done.completion_tokens)
 
