@@ -10,9 +10,9 @@ the engine's own guard (and the vocabulary, which only the model knows).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from services.common.sampling_fields import FIELDS
+from services.common.sampling_fields import ENGINE_FIELDS, FIELDS
 from services.common.structured_output import StructuredOutput
 
 
@@ -40,7 +40,7 @@ class SamplingParams:
     presence_penalty: float = _default("presence_penalty")  # once if present in the output; 0 = off
     seed: int | None = _default("seed")  # None = the engine draws one
     max_tokens: int | None = _default("max_tokens")  # None = what fits in the context
-    stop_token_ids: list[int] = field(default_factory=list)
+    stop_token_ids: tuple[int, ...] = _default("stop_token_ids")
     ignore_eos: bool = _default("ignore_eos")
     logprobs: int | None = _default("logprobs")  # None = no logprobs; n = the sampled token's logprob + top n
     # None = free text; else the output must match this grammar (common/structured_output.py). It is
@@ -55,8 +55,7 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
 
-_CHECKED = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
-            "presence_penalty", "seed", "max_tokens", "logprobs")
+_CHECKED = tuple(f.name for f in ENGINE_FIELDS if f.is_number)  # range-checked against the contract
 
 
 def _is_number(x) -> bool:

@@ -8,8 +8,9 @@ from google.protobuf import timestamp_pb2
 from mstar.generation.v1 import generation_service_pb2 as gen_pb2
 from mstar.v1 import messages_pb2 as pb
 
-from services.common import errors
+from services.common import errors, sampling_wire
 from services.common.finish_wire import WIRE as FINISH_WIRE
+from services.common.sampling_fields import ENGINE_FIELDS
 from services.common.structured_output_wire import structured_output_of
 from services.generation.outputs import (
     Completion,
@@ -45,11 +46,7 @@ def sampling_params_of(kwargs: pb.ModelKwargs) -> SamplingParams:
         raise errors.invalid_argument(f"model_kwargs.extra[{errors.quote(name, 32)}]", "unknown model keyword argument")
     if s.HasField("n") and s.n != 1:
         raise errors.invalid_argument("model_kwargs.sampling.n", "only n = 1 is supported by the engine")
-    p = SamplingParams(stop_token_ids=list(s.stop_token_ids), ignore_eos=s.ignore_eos)
-    for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
-                 "presence_penalty", "seed", "max_tokens", "logprobs"):
-        if s.HasField(name):
-            setattr(p, name, getattr(s, name))
+    p = SamplingParams(**sampling_wire.values_of(s, ENGINE_FIELDS))
     if s.HasField("structured_output"):
         p.structured_output = structured_output_of(s.structured_output)
     return p

@@ -1,13 +1,20 @@
 """How each API surface names the input fields of a request, so an error about the prompt names
 the field the client actually sent (`prompt`, `messages`, `input`), not the native
 `input.prompt_parts[0].token_ids`. The sampling fields have their own table
-(services/common/sampling_fields.py)."""
+(services/preprocess/surfaces/sampling_names.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.sampling_fields import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, RESPONSES, TOKENIZE
+from services.preprocess.surfaces.sampling_names import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    MESSAGES,
+    RESPONSES,
+    TOKENIZE,
+)
 
 
 @dataclass(frozen=True)

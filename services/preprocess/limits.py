@@ -21,9 +21,10 @@ import math
 from dataclasses import dataclass
 
 from services.common.errors import MstarError, invalid_argument, quote, renamed, resource_exhausted
-from services.common.sampling_fields import EMBEDDINGS, FIELDS, NATIVE, public_name, scheme_of
+from services.common.sampling_fields import FIELDS
 from services.common.structured_output import ConstraintError, StructuredOutput, validate_structured_output
 from services.preprocess.request import EmbeddingSpec, Sampling
+from services.preprocess.surfaces.sampling_names import EMBEDDINGS, NATIVE, public_name, scheme_of
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def validate_sampling(s: Sampling, limits: Limits, vocab_size: int, surface: str
 
 def sent_name(s: Sampling, field: str, surface: str, bare: bool = False) -> str:
     """How the client named sampling field `field`: the alias it sent (Sampling.spelled), else
-    the surface's own name for it (services/common/sampling_fields.py). `bare`: a native name
+    the surface's own name for it (services/preprocess/surfaces/sampling_names.py). `bare`: a native name
     without its path (`max_tokens`, as the native API's warnings have always said)."""
     if bare and scheme_of(surface) == NATIVE:
         return field

@@ -13,9 +13,10 @@ from google.protobuf import timestamp_pb2
 from mstar.v1 import inference_service_pb2 as api
 from mstar.v1 import messages_pb2 as pb
 
+from services.common import sampling_wire
 from services.common.errors import invalid_argument
 from services.common.finish_wire import WIRE as FINISH_WIRE
-from services.common.sampling_fields import native_prefix
+from services.common.sampling_fields import FIELDS
 from services.common.structured_output_wire import structured_output_of, structured_output_pb
 from services.preprocess.chat_template import ChatMessage
 from services.preprocess.request import (
@@ -34,6 +35,7 @@ from services.preprocess.request import (
     Sampling,
     Tensor,
 )
+from services.preprocess.surfaces.sampling_names import native_prefix
 
 MODALITY_NAMES = {
     pb.MODALITY_UNSPECIFIED: TEXT,
@@ -44,19 +46,6 @@ MODALITY_NAMES = {
     pb.MODALITY_VIDEO: "video",
 }
 MODALITY_ENUMS = {name: value for value, name in MODALITY_NAMES.items() if value != pb.MODALITY_UNSPECIFIED}
-_OPTIONAL_SAMPLING = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "frequency_penalty",
-    "presence_penalty",
-    "seed",
-    "max_tokens",
-    "logprobs",
-    "n",
-)
 
 
 def modality(value: int, field: str) -> str:
@@ -75,16 +64,7 @@ def model_numerics(numerics: dict) -> api.ModelNumerics | None:
 
 def sampling_pb(s: Sampling) -> pb.SamplingParams:
     """The inverse of the sampling part of request_spec: unset (None) fields stay unset."""
-    params = pb.SamplingParams(
-        stop=s.stop,
-        stop_token_ids=s.stop_token_ids,
-        ignore_eos=s.ignore_eos,
-        include_stop_str_in_output=s.include_stop,
-    )
-    for name in _OPTIONAL_SAMPLING:
-        value = getattr(s, name)
-        if value is not None:
-            setattr(params, name, value)
+    params = sampling_wire.message_of({name: getattr(s, name) for name in FIELDS}, FIELDS.values())
     if s.structured_output is not None:
         params.structured_output.CopyFrom(structured_output_pb(s.structured_output))
     return params
@@ -96,13 +76,8 @@ def request_spec(msg: pb.PreprocessInput, surface: str,
     the root of error field paths (input. / start.). `new_id` names a request whose client chose
     no id (a preprocess replica tags it with its owner: services/preprocess/peers.py)."""
     sampling_pb = msg.model_kwargs.sampling
-    values = {n: getattr(sampling_pb, n) for n in _OPTIONAL_SAMPLING if sampling_pb.HasField(n)}
     sampling = Sampling(
-        **values,
-        stop=tuple(sampling_pb.stop),
-        stop_token_ids=tuple(sampling_pb.stop_token_ids),
-        ignore_eos=sampling_pb.ignore_eos,
-        include_stop=sampling_pb.include_stop_str_in_output,
+        **sampling_wire.values_of(sampling_pb, FIELDS.values()),
         structured_output=(structured_output_of(sampling_pb.structured_output)
                            if sampling_pb.HasField("structured_output") else None),
     )

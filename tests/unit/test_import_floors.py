@@ -88,3 +88,14 @@ def _cycle_from(start: str, edges: dict[str, set[str]]) -> list[str] | None:
                 seen.add(nxt)
                 stack.append((nxt, path + [nxt]))
     return None
+
+
+def test_the_surfaces_vocabulary_stays_in_preprocess():
+    """How OpenAI or Anthropic spell a field (surfaces/sampling_names.py) is preprocess's business:
+    common/ and the generation service import nothing from services.preprocess."""
+    found = modules("services.common", "services.generation")
+    assert len(found) >= 60
+    offenders = sorted((m, n) for m, path in found.items() for n in imported(path) if _under(n, "services.preprocess"))
+    assert not offenders, f"common/ or generation/ import preprocess: {offenders}"
+    spelled = [m for m, path in found.items() if "max_completion_tokens" in path.read_text()]
+    assert not spelled, f"a surface's field name outside preprocess: {spelled}"

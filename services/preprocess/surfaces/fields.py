@@ -24,6 +24,7 @@ from services.common.contract import declared
 from services.common.sampling_fields import FIELDS, SamplingField
 from services.preprocess.request import Sampling
 from services.preprocess.surfaces.http import field_error
+from services.preprocess.surfaces.sampling_names import public_names
 
 # The contract's declared limits on what every surface's body turns into (mstar.v1.PreprocessInput).
 MAX_MESSAGES = declared("mstar.v1.PreprocessInput", "messages").max_items
@@ -90,7 +91,7 @@ def sampling_of(body: Any, surface: str, **given: Any) -> Sampling:
     spelled = []
     for f in FIELDS.values():
         value, sent = None, None
-        names = f.public_names(surface)
+        names = public_names(f.name, surface)
         for public in names:
             got = getattr(body, public, None)
             if got is None:

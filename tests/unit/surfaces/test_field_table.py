@@ -16,21 +16,23 @@ from buf.validate import validate_pb2
 from mstar.v1 import messages_pb2
 
 from services.common.errors import MstarError
-from services.common.sampling_fields import (
-    CHAT,
-    COMPLETIONS,
-    FIELDS,
-    MESSAGES,
-    NATIVE_SURFACES,
-    RESPONSES,
-    offered,
-    public_name,
-)
+from services.common.sampling_fields import FIELDS
 from services.preprocess.surfaces.anthropic.body import MessagesBody
 from services.preprocess.surfaces.fields import sampling_of
 from services.preprocess.surfaces.http import HttpRequest, parse
 from services.preprocess.surfaces.openai.body import ChatBody, CompletionBody
 from services.preprocess.surfaces.responses.body import ResponsesBody
+from services.preprocess.surfaces.sampling_names import (
+    CHAT,
+    COMPLETIONS,
+    MESSAGES,
+    NAMES,
+    NATIVE_SURFACES,
+    RESPONSES,
+    offered,
+    public_name,
+    public_names,
+)
 
 MODELS = {CHAT: ChatBody, COMPLETIONS: CompletionBody, MESSAGES: MessagesBody, RESPONSES: ResponsesBody}
 BASE = {
@@ -39,12 +41,12 @@ BASE = {
     MESSAGES: {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
     RESPONSES: {"input": "x"},
 }
-SURFACE_FIELDS = [(s, f.name, public) for s in MODELS for f in offered(s) for public in f.public_names(s)]
+SURFACE_FIELDS = [(s, f.name, public) for s in MODELS for f in offered(s) for public in public_names(f.name, s)]
 
 
 def declared(name: str) -> validate_pb2.FieldRules:
     """The raw protovalidate rules of SamplingParams.<name> (the test's own reading of the contract)."""
-    fd = messages_pb2.SamplingParams.DESCRIPTOR.fields_by_name[FIELDS[name].contract or name]
+    fd = messages_pb2.SamplingParams.DESCRIPTOR.fields_by_name[FIELDS[name].wire_name]
     return fd.GetOptions().Extensions[validate_pb2.field]
 
 
@@ -74,7 +76,7 @@ def body(surface: str, **fields) -> object:
 
 def test_every_row_is_a_contract_field_with_declared_bounds_where_it_has_a_range():
     for name, row in FIELDS.items():
-        fd = messages_pb2.SamplingParams.DESCRIPTOR.fields_by_name[row.contract or name]
+        fd = messages_pb2.SamplingParams.DESCRIPTOR.fields_by_name[row.wire_name]
         assert fd.is_repeated == row.repeated, name
         if row.kind in (float, int) and name not in ("seed",):
             assert declared(name).WhichOneof("type") is not None, f"{name} declares no bounds"
@@ -84,16 +86,20 @@ def test_every_row_is_a_contract_field_with_declared_bounds_where_it_has_a_range
                                                if f.name not in ("include_stop_str_in_output", "structured_output")}
 
 
+def test_the_names_table_has_a_row_per_field():
+    assert set(NAMES) == set(FIELDS)
+
+
 def test_every_surface_name_is_a_field_of_that_surfaces_body_and_nothing_else_is_sampling():
     for surface, model in MODELS.items():
-        names = {public for f in offered(surface) for public in f.public_names(surface)}
+        names = {public for f in offered(surface) for public in public_names(f.name, surface)}
         assert names <= set(model.model_fields), (surface, names - set(model.model_fields))
     # The native API spells every field under model_kwargs.sampling, on every native RPC.
     for rpc in NATIVE_SURFACES:
         root = "start" if rpc == "Session" else "input"
         assert public_name("stop", rpc) == f"{root}.model_kwargs.sampling.stop"
     assert public_name("stop", MESSAGES) == "stop_sequences" and public_name("max_tokens", RESPONSES) == \
-        "max_output_tokens" and FIELDS["max_tokens"].public_names(CHAT) == ("max_completion_tokens", "max_tokens")
+        "max_output_tokens" and public_names("max_tokens", CHAT) == ("max_completion_tokens", "max_tokens")
 
 
 @pytest.mark.parametrize(("surface", "name", "public"), SURFACE_FIELDS)

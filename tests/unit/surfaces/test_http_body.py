@@ -8,10 +8,10 @@ import json
 import pytest
 
 from services.common.errors import MstarError
-from services.common.sampling_fields import CHAT, COMPLETIONS
 from services.preprocess.surfaces.fields import sampling_of
 from services.preprocess.surfaces.http import HttpRequest, parse
 from services.preprocess.surfaces.openai.body import ChatBody, CompletionBody
+from services.preprocess.surfaces.sampling_names import CHAT, COMPLETIONS
 
 MSG = [{"role": "user", "content": "hi"}]
 

@@ -29,7 +29,6 @@ from pydantic_core import PydanticCustomError
 from services.common import errors
 from services.common.finish import FinishReason
 from services.common.prompt_fit import check_prompt_fits
-from services.common.sampling_fields import EMBEDDINGS
 from services.preprocess.prompt import min_prompt_tokens
 from services.preprocess.request import TOKENS, Complete, EmbeddingSpec, Failed, Part, RequestSpec, Tensor
 from services.preprocess.runner import RunScope
@@ -45,6 +44,7 @@ from services.preprocess.surfaces.http import (
     field_error,
     parse,
 )
+from services.preprocess.surfaces.sampling_names import EMBEDDINGS
 
 MAX_INPUTS = 2048  # OpenAI's documented limit on the input array
 WINDOW = 16  # inputs of one call in flight at once

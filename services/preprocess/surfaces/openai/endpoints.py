@@ -15,7 +15,6 @@ from dataclasses import replace
 
 from services.common import errors, hop_trace
 from services.common.metrics import timing_headers
-from services.common.sampling_fields import CHAT, COMPLETIONS
 from services.preprocess.chat_template import ChatMessage
 from services.preprocess.request import TOKENS, Chunk, Part, RequestSpec, Sampling
 from services.preprocess.runner import RunScope
@@ -31,6 +30,7 @@ from services.preprocess.surfaces.openai.body import (
 from services.preprocess.surfaces.openai.choices import Choices
 from services.preprocess.surfaces.openai.fanout import merged
 from services.preprocess.surfaces.openai.structured import output_constraint, tools_of
+from services.preprocess.surfaces.sampling_names import CHAT, COMPLETIONS
 from services.preprocess.tools import ToolCall
 
 
