@@ -1,5 +1,8 @@
 """One request's handle on the generation side (services/preprocess/backend.py owns the stream
 it runs on): its event queue, append, abort, and the failover that may move it to another stream.
+
+The arrow runs one way: the stream imports and drives its requests; a request knows its stream
+only as a `RequestStream` (what it may ask of it), never its module.
 """
 
 from __future__ import annotations
@@ -7,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from array import array
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from mstar.generation.v1 import generation_service_pb2 as gen_pb2
 from mstar.v1 import messages_pb2 as pb
@@ -22,8 +25,21 @@ from services.preprocess.backend_events import (
     TokenStep,
 )
 
-if TYPE_CHECKING:
-    from services.preprocess.backend import GenerationBackend
+
+class RequestStream(Protocol):
+    """What a request asks of the stream it runs on (services/preprocess/backend.py's GenerationBackend)."""
+
+    def send(self, frame: gen_pb2.ClientFrame) -> None: ...
+
+    def is_running(self, key: str) -> bool: ...
+
+    def forget(self, key: str) -> bool:
+        """Drop `key` from the stream's requests; False if it was not there (already ended)."""
+        ...
+
+
+def _abort(stream: RequestStream, key: str, reason: str) -> None:
+    stream.send(gen_pb2.ClientFrame(abort=gen_pb2.Abort(request_id=key, reason=reason[:256])))
 
 
 class BackendRequest:
@@ -49,7 +65,7 @@ class BackendRequest:
         # The stream is shared by many traces: each request carries its own (the RPC's span, taken
         # here, in the RPC's context, and sent again with every failover).
         self.trace_context = tracing.inject()
-        self.backend: GenerationBackend | None = None  # the stream of the current attempt
+        self.backend: RequestStream | None = None  # the stream of the current attempt
         self.key = ""  # the short per-stream key of the current attempt ("r1f")
         self.tried: list[str] = []  # replica addresses of every attempt, first to current
         # (request, error, may_stay) -> moved; may_stay: not moving is no failure (a silent replica)
@@ -76,7 +92,7 @@ class BackendRequest:
         """Stop generating but keep listening: the engine ends the request with a RequestComplete
         (cancelled) that still carries its usage and timings (a stop string matched here)."""
         if not self.ended and self.backend is not None and self.backend.is_running(self.key):
-            self.backend.send(gen_pb2.ClientFrame(abort=gen_pb2.Abort(request_id=self.key, reason=reason[:256])))
+            _abort(self.backend, self.key, reason)
 
     def abort(self, reason: str) -> None:
         """Stop generating for this request. Idempotent; safe from any finally-path."""
@@ -87,7 +103,7 @@ class BackendRequest:
         """Abort the current attempt on its stream, keeping the handle (failover may move it)."""
         backend = self.backend
         if backend is not None and backend.forget(self.key):
-            backend.send(gen_pb2.ClientFrame(abort=gen_pb2.Abort(request_id=self.key, reason=reason[:256])))
+            _abort(backend, self.key, reason)
 
     def end_locally(self, event: object, reason: str) -> None:
         """Abort in the engine and make `event` the last thing the reader sees (cancel, local
@@ -117,7 +133,7 @@ class BackendRequest:
         backend, key = self.backend, self.key
         if self.failover(self, error, True) and backend is not None and backend.forget(key):
             # Read when (if) the frozen replica resumes: it frees what it held for this attempt.
-            backend.send(gen_pb2.ClientFrame(abort=gen_pb2.Abort(request_id=key, reason="moved: replica stalled")))
+            _abort(backend, key, "moved: replica stalled")
 
     def deliver(self, event: BackendEvent) -> None:
         """Queue an event; a request whose reader fell `queue_size` events behind is failed

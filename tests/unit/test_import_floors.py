@@ -99,3 +99,16 @@ def test_the_surfaces_vocabulary_stays_in_preprocess():
     assert not offenders, f"common/ or generation/ import preprocess: {offenders}"
     spelled = [m for m, path in found.items() if "max_completion_tokens" in path.read_text()]
     assert not spelled, f"a surface's field name outside preprocess: {spelled}"
+
+
+def test_no_module_of_services_imports_one_that_imports_it_back():
+    """No import cycle anywhere in services/ (preprocess's stream and its requests used to call each
+    other: a request now knows its stream as backend_request.RequestStream). `from pkg import mod`
+    also names pkg's __init__; a submodule's edge to its own package is that, not a cycle."""
+    edges = {m: {n for n in ns if not _under(m, n)} for m, ns in graph("services").items()}
+    assert len(edges) >= 140
+    for start in edges:
+        cycle = _cycle_from(start, edges)
+        assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
+    backend_request = ROOT / "services" / "preprocess" / "backend_request.py"
+    assert "services.preprocess.backend" not in imported(backend_request)
