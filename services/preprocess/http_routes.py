@@ -20,6 +20,7 @@ typed RPC, whose messages the transcoder prints.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
@@ -74,21 +75,22 @@ class _HeldHeaders:
 
 
 class HttpRoutes:
-    """Mixin for the InferenceServicer: one thin method per HTTP route."""
+    """Mixin for the InferenceServicer: the native RPCs' JSON routes, and one method per entry of
+    ROUTES (below), made from the table."""
 
     runner: RequestRunner
     responses: ResponsesApi
     created: int
 
     async def _stream(self, endpoint: Endpoint, context, body: bytes = b"", content_type: str = "",
-                      params: dict[str, str] | None = None, *args) -> AsyncIterator[httpbody_pb2.HttpBody]:
+                      params: dict[str, str] | None = None) -> AsyncIterator[httpbody_pb2.HttpBody]:
         scope = call.scope_of(self.runner, context)
         metadata = {k: v for k, v in (context.invocation_metadata() or ()) if k in _HEADERS}
         req = HttpRequest(body=body, content_type=content_type, headers=metadata, params=params or {})
         sent = False
         try:
             scope.budget.charge(len(body), is_append=False)  # on arrival, before any work
-            async with aclosing(endpoint(req, scope, *args)) as frames:
+            async with aclosing(endpoint(req, scope)) as frames:
                 async for frame in frames:
                     headers = frame.headers + warning_headers(scope.warnings)
                     if not sent and headers:
@@ -103,13 +105,13 @@ class HttpRoutes:
             scope.close()
 
     async def _unary(self, endpoint: Endpoint, context, *, body: bytes = b"", content_type: str = "",
-                     params: dict[str, str] | None = None, args: tuple = (), check=None) -> httpbody_pb2.HttpBody:
+                     params: dict[str, str] | None = None, check=None) -> httpbody_pb2.HttpBody:
         if check is not None:  # a request message with path parameters: its declared bounds first
             try:
                 contract.check(check)
             except errors.MstarError as err:
                 await grpc_errors.abort(context, err)
-        async with aclosing(self._stream(endpoint, context, body, content_type, params, *args)) as frames:
+        async with aclosing(self._stream(endpoint, context, body, content_type, params)) as frames:
             async for frame in frames:
                 return frame
         raise errors.internal("the endpoint produced no response")
@@ -188,62 +190,55 @@ class HttpRoutes:
         typed.request_id = request.request_id
         return await self.Cancel(typed, context)
 
-    # ---- OpenAI
 
-    async def CreateChatCompletion(self, request, context):
-        async for out in self._stream(openai.chat_completions, context, request.data, request.content_type):
-            yield out
+def _route(name: str, pick: Callable[[HttpRoutes], Endpoint]):
+    """The RPC method serving HTTP route `name` with the endpoint `pick` chooses. Its shape is the
+    RPC's declaration: a google.api.HttpBody request is the body, any other request message holds
+    path parameters (its fields, bounds checked first); a streaming RPC streams the frames."""
+    method = api.DESCRIPTOR.services_by_name["InferenceService"].methods_by_name[name]
+    body_in = method.input_type.full_name == "google.api.HttpBody"
 
-    async def CreateCompletion(self, request, context):
-        async for out in self._stream(openai.completions, context, request.data, request.content_type):
-            yield out
+    def request_parts(request) -> dict:
+        if body_in:
+            return {"body": request.data, "content_type": request.content_type}
+        return {"params": {f.name: getattr(request, f.name) for f in method.input_type.fields}, "check": request}
 
-    async def CreateEmbedding(self, request, context):
-        async for out in self._stream(embeddings.create_embedding, context, request.data, request.content_type):
-            yield out
+    if method.server_streaming:
+        async def streamed(self, request, context):
+            parts = request_parts(request)
+            parts.pop("check", None)
+            async for out in self._stream(pick(self), context, **parts):
+                yield out
+        streamed.__name__ = streamed.__qualname__ = name
+        return streamed
 
-    async def ListOpenAIModels(self, request, context):
-        return await self._unary(openai.list_models, context, args=(self.created,))
+    async def unary(self, request, context):
+        return await self._unary(pick(self), context, **request_parts(request))
+    unary.__name__ = unary.__qualname__ = name
+    return unary
 
-    async def RetrieveOpenAIModel(self, request, context):
-        return await self._unary(openai.retrieve_model, context, params={"model": request.model},
-                                 args=(self.created,), check=request)
 
-    # ---- Anthropic
-
-    async def CreateMessage(self, request, context):
-        async for out in self._stream(anthropic.create_message, context, request.data, request.content_type):
-            yield out
-
-    async def CountMessageTokens(self, request, context):
-        return await self._unary(anthropic.count_tokens, context, body=request.data,
-                                 content_type=request.content_type)
-
-    # ---- OpenAI Responses
-
-    async def CreateModelResponse(self, request, context):
-        async for out in self._stream(self.responses.create, context, request.data, request.content_type):
-            yield out
-
-    async def RetrieveModelResponse(self, request, context):
-        return await self._unary(self.responses.retrieve, context, params={"response_id": request.response_id},
-                                 check=request)
-
-    async def DeleteModelResponse(self, request, context):
-        return await self._unary(self.responses.delete, context, params={"response_id": request.response_id},
-                                 check=request)
-
-    async def CancelModelResponse(self, request, context):
-        return await self._unary(self.responses.cancel, context, params={"response_id": request.response_id},
-                                 check=request)
-
-    # ---- vLLM-compatible utilities
-
-    async def Tokenize(self, request, context):
-        return await self._unary(vllm.tokenize, context, body=request.data, content_type=request.content_type)
-
-    async def Detokenize(self, request, context):
-        return await self._unary(vllm.detokenize, context, body=request.data, content_type=request.content_type)
-
-    async def GetVersion(self, request, context):
-        return await self._unary(vllm.version, context)
+# The HTTP surfaces' routes: RPC name -> the surface endpoint serving it (docs/http.md lists the
+# paths; protos/mstar/v1/inference_service.proto binds each RPC to its path).
+ROUTES: dict[str, Callable[[HttpRoutes], Endpoint]] = {
+    # OpenAI
+    "CreateChatCompletion": lambda s: openai.chat_completions,
+    "CreateCompletion": lambda s: openai.completions,
+    "CreateEmbedding": lambda s: embeddings.create_embedding,
+    "ListOpenAIModels": lambda s: functools.partial(openai.list_models, created=s.created),
+    "RetrieveOpenAIModel": lambda s: functools.partial(openai.retrieve_model, created=s.created),
+    # Anthropic
+    "CreateMessage": lambda s: anthropic.create_message,
+    "CountMessageTokens": lambda s: anthropic.count_tokens,
+    # OpenAI Responses (stored per API key: the servicer's ResponsesApi)
+    "CreateModelResponse": lambda s: s.responses.create,
+    "RetrieveModelResponse": lambda s: s.responses.retrieve,
+    "DeleteModelResponse": lambda s: s.responses.delete,
+    "CancelModelResponse": lambda s: s.responses.cancel,
+    # vLLM-compatible utilities
+    "Tokenize": lambda s: vllm.tokenize,
+    "Detokenize": lambda s: vllm.detokenize,
+    "GetVersion": lambda s: vllm.version,
+}
+for _name, _pick in ROUTES.items():
+    setattr(HttpRoutes, _name, _route(_name, _pick))
