@@ -20,6 +20,7 @@ typed RPC, whose messages the transcoder prints.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -82,39 +83,33 @@ class HttpRoutes:
     responses: ResponsesApi
     created: int
 
-    async def _stream(self, endpoint: Endpoint, context, body: bytes = b"", content_type: str = "",
-                      params: dict[str, str] | None = None) -> AsyncIterator[httpbody_pb2.HttpBody]:
+    @contextlib.asynccontextmanager
+    async def _served(self, context, body: bytes, content_type: str, params: dict[str, str]):
+        """One HTTP call's scope: its HttpRequest (headers from the metadata), the RunScope the
+        call's done-callback closes, the body charged on arrival, an MstarError as the call's
+        status. Yields (request, scope, first) where `await first(frame)` sends the first frame's
+        headers (and the admission warnings) as initial metadata."""
         scope = call.scope_of(self.runner, context)
         metadata = {k: v for k, v in (context.invocation_metadata() or ()) if k in _HEADERS}
-        req = HttpRequest(body=body, content_type=content_type, headers=metadata, params=params or {})
+        req = HttpRequest(body=body, content_type=content_type, headers=metadata, params=params)
         sent = False
+
+        async def first(frame: Frame) -> None:
+            nonlocal sent
+            headers = frame.headers + warning_headers(scope.warnings)
+            if not sent and headers:
+                await context.send_initial_metadata(headers)
+            sent = True
+
         try:
             scope.budget.charge(len(body), is_append=False)  # on arrival, before any work
-            async with aclosing(endpoint(req, scope)) as frames:
-                async for frame in frames:
-                    headers = frame.headers + warning_headers(scope.warnings)
-                    if not sent and headers:
-                        await context.send_initial_metadata(headers)
-                    sent = True
-                    yield httpbody_pb2.HttpBody(content_type=frame.content_type, data=frame.data)
+            yield req, scope, first
         except errors.MstarError as err:
             if sent:  # surfaces report failures in-band once streaming; this is a bug, not a client error
                 log.error("surface raised after its first frame", extra={"error": str(err)})
             await grpc_errors.abort(context, err)
         finally:
             scope.close()
-
-    async def _unary(self, endpoint: Endpoint, context, *, body: bytes = b"", content_type: str = "",
-                     params: dict[str, str] | None = None, check=None) -> httpbody_pb2.HttpBody:
-        if check is not None:  # a request message with path parameters: its declared bounds first
-            try:
-                contract.check(check)
-            except errors.MstarError as err:
-                await grpc_errors.abort(context, err)
-        async with aclosing(self._stream(endpoint, context, body, content_type, params)) as frames:
-            async for frame in frames:
-                return frame
-        raise errors.internal("the endpoint produced no response")
 
     # ---- native RPCs for HTTP/JSON clients
 
@@ -194,26 +189,37 @@ class HttpRoutes:
 def _route(name: str, pick: Callable[[HttpRoutes], Endpoint]):
     """The RPC method serving HTTP route `name` with the endpoint `pick` chooses. Its shape is the
     RPC's declaration: a google.api.HttpBody request is the body, any other request message holds
-    path parameters (its fields, bounds checked first); a streaming RPC streams the frames."""
+    path parameters (its fields, bounds checked first); a streaming RPC streams the frames, and
+    its method is the one generator between the surface's frames and grpc."""
     method = api.DESCRIPTOR.services_by_name["InferenceService"].methods_by_name[name]
     body_in = method.input_type.full_name == "google.api.HttpBody"
 
-    def request_parts(request) -> dict:
+    async def parts(request, context) -> tuple[bytes, str, dict[str, str]]:
         if body_in:
-            return {"body": request.data, "content_type": request.content_type}
-        return {"params": {f.name: getattr(request, f.name) for f in method.input_type.fields}, "check": request}
+            return request.data, request.content_type, {}
+        try:  # a request message with path parameters: its declared bounds first
+            contract.check(request)
+        except errors.MstarError as err:
+            await grpc_errors.abort(context, err)
+        return b"", "", {f.name: getattr(request, f.name) for f in method.input_type.fields}
 
     if method.server_streaming:
         async def streamed(self, request, context):
-            parts = request_parts(request)
-            parts.pop("check", None)
-            async for out in self._stream(pick(self), context, **parts):
-                yield out
+            async with self._served(context, *await parts(request, context)) as (req, scope, first):
+                async with aclosing(pick(self)(req, scope)) as frames:
+                    async for frame in frames:
+                        await first(frame)
+                        yield httpbody_pb2.HttpBody(content_type=frame.content_type, data=frame.data)
         streamed.__name__ = streamed.__qualname__ = name
         return streamed
 
     async def unary(self, request, context):
-        return await self._unary(pick(self), context, **request_parts(request))
+        async with self._served(context, *await parts(request, context)) as (req, scope, first):
+            async with aclosing(pick(self)(req, scope)) as frames:
+                async for frame in frames:
+                    await first(frame)
+                    return httpbody_pb2.HttpBody(content_type=frame.content_type, data=frame.data)
+        raise errors.internal("the endpoint produced no response")
     unary.__name__ = unary.__qualname__ = name
     return unary
 

@@ -30,35 +30,48 @@ def test_every_rpc_is_native_or_a_route_and_has_its_shape():
             assert inspect.iscoroutinefunction(made), name
 
 
-def test_a_path_parameter_and_the_body_reach_the_endpoint(monkeypatch):
-    seen = []
+class _Scope:
+    warnings = ("max_tokens clamped to 2",)
+    closed = False
+    budget = SimpleNamespace(charge=lambda n, is_append: None)
 
-    async def endpoint(req, scope):
-        seen.append((req.params, req.body, req.content_type))
+    def close(self):
+        self.closed = True
+
+
+class _Context:
+    def __init__(self):
+        self.headers = []
+
+    def invocation_metadata(self):
+        return (("x-request-id", "abc"), ("authorization", "secret"))
+
+    async def send_initial_metadata(self, headers):
+        self.headers.append(tuple(headers))
+
+
+def test_a_path_parameter_and_the_body_reach_the_endpoint_and_headers_go_first(monkeypatch):
+    seen, scope = [], _Scope()
+    monkeypatch.setattr(http_routes.call, "scope_of", lambda runner, context: scope)
+
+    async def endpoint(req, runs):
+        seen.append((req.params, req.body, req.content_type, req.headers))
         yield Frame(b"{}", "application/json")
+        yield Frame(b"[]", "application/json")
 
-    routes = SimpleNamespace(responses=SimpleNamespace(retrieve=endpoint, create=endpoint))
-
-    async def fake_unary(endpoint_, context, **parts):
-        parts.pop("check", None)
-        return await first(endpoint_, parts)
-
-    async def fake_stream(endpoint_, context, **parts):
-        yield await first(endpoint_, parts)
-
-    async def first(endpoint_, parts):
-        req = SimpleNamespace(params=parts.get("params", {}), body=parts.get("body", b""),
-                              content_type=parts.get("content_type", ""))
-        async for frame in endpoint_(req, None):
-            return frame
-
-    routes._unary, routes._stream = fake_unary, fake_stream
+    routes = HttpRoutes()
+    routes.runner, routes.responses = None, SimpleNamespace(retrieve=endpoint, create=endpoint)
 
     async def go():
-        await HttpRoutes.RetrieveModelResponse(routes, api.RetrieveModelResponseRequest(response_id="resp_1"), None)
+        context = _Context()
+        one = await routes.RetrieveModelResponse(api.RetrieveModelResponseRequest(response_id="resp_1"), context)
         body = http_routes.httpbody_pb2.HttpBody(data=b'{"input": "x"}', content_type="application/json")
-        async for _ in HttpRoutes.CreateModelResponse(routes, body, None):
-            pass
+        streamed = [out.data async for out in routes.CreateModelResponse(body, context)]
+        return one, streamed, context.headers
 
-    asyncio.run(go())
-    assert seen == [({"response_id": "resp_1"}, b"", ""), ({}, b'{"input": "x"}', "application/json")]
+    one, streamed, headers = asyncio.run(go())
+    assert one.data == b"{}" and streamed == [b"{}", b"[]"] and scope.closed
+    assert seen == [({"response_id": "resp_1"}, b"", "", {"x-request-id": "abc"}),
+                    ({}, b'{"input": "x"}', "application/json", {"x-request-id": "abc"})]
+    # the admission warnings, once per call, with its first frame
+    assert headers == [(("warning", '299 - "max_tokens clamped to 2"'),)] * 2

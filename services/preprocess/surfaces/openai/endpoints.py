@@ -10,7 +10,6 @@ nothing until every choice ended, so their failures always get a real HTTP statu
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from dataclasses import replace
 
 from services.common import errors, hop_trace
@@ -47,20 +46,20 @@ def _chat_message(m) -> ChatMessage:
     return ChatMessage(ROLES[m.role], m.text(), calls, m.tool_call_id or "")
 
 
-async def chat_completions(req: HttpRequest, runs: RunScope) -> AsyncIterator[Frame]:
+def chat_completions(req: HttpRequest, runs: RunScope) -> AsyncIterator[Frame]:
+    """POST /v1/chat/completions. A plain function: it parses and builds the spec, then hands back
+    _serve's frames as they are (no generator layer of its own on every token's way out)."""
     body = parse(ChatBody, req)
     constraint, renames = output_constraint(body)
     sampling = replace(fields.sampling_of(body, CHAT, logprobs=body.logprobs_n), structured_output=constraint)
     messages = tuple(_chat_message(m) for m in body.messages)
     spec = RequestSpec(model=body.model, messages=messages, tools=tools_of(body) if body.uses_tools else (),
                        sampling=sampling, field_renames=renames, upload_bytes=len(req.body), surface=CHAT)
-    async with aclosing(_serve(spec, body, runs, chat=True, logprobs=body.logprobs_n is not None,
-                               tool_calls=body.uses_tools)) as frames:
-        async for frame in frames:
-            yield frame
+    return _serve(spec, body, runs, chat=True, logprobs=body.logprobs_n is not None, tool_calls=body.uses_tools)
 
 
-async def completions(req: HttpRequest, runs: RunScope) -> AsyncIterator[Frame]:
+def completions(req: HttpRequest, runs: RunScope) -> AsyncIterator[Frame]:
+    """POST /v1/completions (a plain function, like chat_completions)."""
     body = parse(CompletionBody, req)
     default = COMPLETION_DEFAULT_MAX_TOKENS if body.max_tokens is None else None
     constraint, renames = output_constraint(body)
@@ -72,9 +71,7 @@ async def completions(req: HttpRequest, runs: RunScope) -> AsyncIterator[Frame]:
         parts = (Part(TOKENS, token_ids=tuple(body.prompt)),)
         spec = RequestSpec(model=body.model, parts=parts, sampling=sampling, upload_bytes=len(req.body),
                            field_renames=renames, surface=COMPLETIONS)
-    async with aclosing(_serve(spec, body, runs, chat=False, logprobs=body.logprobs is not None)) as frames:
-        async for frame in frames:
-            yield frame
+    return _serve(spec, body, runs, chat=False, logprobs=body.logprobs is not None)
 
 
 async def _serve(spec: RequestSpec, body, runs: RunScope, *, chat: bool, logprobs: bool,
