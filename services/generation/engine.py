@@ -125,8 +125,10 @@ class Engine:
     def add_request(self, key: Hashable, prompt_token_ids: list[int], params: SamplingParams, input_done=True):
         self._commands.put("add", key, list(prompt_token_ids), params, input_done, time.monotonic())
 
-    def append(self, key: Hashable, token_ids: list[int], input_done: bool) -> None:
-        self._commands.put("append", key, list(token_ids), input_done, time.monotonic())
+    def append(self, key: Hashable, token_ids: list[int], input_done: bool, max_tokens: int | None = None) -> None:
+        """More prompt tokens; with the last ones (`input_done`) optionally the request's max_tokens,
+        resolved by preprocess now that the prompt is complete."""
+        self._commands.put("append", key, list(token_ids), input_done, time.monotonic(), max_tokens)
 
     def abort(self, key: Hashable) -> None:
         self._commands.put("abort", key)

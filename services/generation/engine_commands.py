@@ -120,7 +120,7 @@ class EngineCommands:
         if error is not None:
             self.endings.fail(out, seq, error)
 
-    def _append(self, out, key, token_ids, input_done: bool, when: float) -> None:
+    def _append(self, out, key, token_ids, input_done: bool, when: float, max_tokens: int | None) -> None:
         seq = self.seqs.get(key)
         if seq is None:
             return  # finished or aborted meanwhile: nothing to add to
@@ -134,6 +134,8 @@ class EngineCommands:
             if input_done:
                 seq.is_input_done = True
                 seq.timing.ingest = when
+                if max_tokens is not None:
+                    seq.params.max_tokens = max_tokens
                 error = check_input_end(seq, self.runner, self.block_manager)
         if error is not None:
             self.endings.fail(out, seq, error)

@@ -61,7 +61,6 @@ class Completion:
     arrival_time: float
     ingest_time: float
     finish_time: float
-    warnings: list[str] = field(default_factory=list)
 
 
 def completion_of(seq: Sequence, reason: FinishReason, now: float, wall_offset: float) -> Completion:
@@ -84,7 +83,6 @@ def completion_of(seq: Sequence, reason: FinishReason, now: float, wall_offset: 
         arrival_time=t.arrival + wall_offset,
         ingest_time=t.ingest + wall_offset,
         finish_time=now + wall_offset,
-        warnings=list(seq.warnings),
     )
 
 

@@ -1,9 +1,10 @@
 """Admission checks on a request's tokens and limits: client mistakes fail only that request.
 
 INVALID_ARGUMENT for what the client got wrong (token out of vocabulary, prompt that leaves no room
-in the context); RESOURCE_EXHAUSTED for what can never fit in this server's KV pool. The effective
-max_tokens is resolved when the input ends: the request's own limit clamped to the context (with a
-warning), or, when unset, whatever fits in the context and the pool.
+in the context); RESOURCE_EXHAUSTED for what can never fit in this server's KV pool. max_tokens is
+resolved once, by preprocess (services/preprocess/limits.py effective_max_tokens: the server cap,
+the operator's default, the clamp to the context and its warning); here it is only checked when the
+input ends. Unset (a direct client of this service) means whatever fits in the context and the pool.
 """
 
 from __future__ import annotations
@@ -52,8 +53,10 @@ def check_input_end(seq: Sequence, runner, block_manager: BlockManager):
         seq.max_tokens = min(room, pool_room)
         return None
     if requested > room:
-        seq.warnings.append(f"max_tokens clamped to {room}")
-    seq.max_tokens = min(requested, room)
+        return errors.invalid_argument(
+            "max_tokens", f"prompt {n} + max_tokens {requested} tokens exceed the context ({runner.max_model_len})",
+            "MAX_TOKENS_TOO_LARGE")
+    seq.max_tokens = requested
     if seq.max_tokens > pool_room:
         return errors.resource_exhausted(
             f"prompt {n} + max_tokens {seq.max_tokens} tokens exceed the KV cache ({block_manager.num_tokens})",

@@ -58,7 +58,6 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # hashes of its full, computed blocks
     status: SequenceStatus = SequenceStatus.WAITING
-    warnings: list[str] = field(default_factory=list)
     # Structured output: grammar/matcher.SequenceGrammar once compiled (typed Any: this module stays
     # torch- and xgrammar-free); is_waiting_for_grammar while the compile runs.
     grammar: Any = None

@@ -270,6 +270,8 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
         request_id = getattr(frame, kind).request_id if kind else ""
         try:
             contract.check(frame, prefix=where, cost=self._cost)
+            if frame.HasField("max_tokens") and kind != "client_append":
+                raise errors.invalid_argument(f"{where}.max_tokens", "only a client_append that ends the input carries it")
         except errors.MstarError as err:
             if not _is_valid_id(request_id):
                 raise  # nothing to attribute it to: the stream ends INVALID_ARGUMENT
@@ -285,11 +287,11 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
             if msg.request_id not in stream.active:
                 return  # finished or aborted meanwhile
             try:
-                token_ids, input_done = wire.append_of(msg)
+                token_ids, input_done, max_tokens = wire.append_of(frame)
             except errors.MstarError as e:
                 self._fail_locally(stream, msg.request_id, e)
                 return
-            self.engine.append((stream.stream_id, msg.request_id), token_ids, input_done)
+            self.engine.append((stream.stream_id, msg.request_id), token_ids, input_done, max_tokens)
         elif frame.abort.request_id in stream.active:
             self.engine.abort((stream.stream_id, frame.abort.request_id))
 

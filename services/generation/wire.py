@@ -73,10 +73,16 @@ def request_of(msg: pb.PreprocessInput) -> tuple[list[int], SamplingParams, bool
     return ids, params, input_done
 
 
-def append_of(msg: pb.ClientAppend) -> tuple[list[int], bool]:
+def append_of(frame: gen_pb2.ClientFrame) -> tuple[list[int], bool, int | None]:
+    """A client_append frame's token ids, whether they end the input, and the max_tokens resolved
+    with them (only an input's last append may carry one)."""
+    msg = frame.client_append
     if msg.text:
         raise errors.invalid_argument("text", "the generation service takes token ids, not text")
-    return token_ids_of(msg.chunks, "chunks"), pb.MODALITY_TOKENS in msg.ends
+    input_done = pb.MODALITY_TOKENS in msg.ends
+    if frame.HasField("max_tokens") and not input_done:
+        raise errors.invalid_argument("max_tokens", "only the append that ends the input carries max_tokens")
+    return token_ids_of(msg.chunks, "chunks"), input_done, frame.max_tokens if frame.HasField("max_tokens") else None
 
 
 def logprobs_entry(lp: TokenLogprobs | None) -> pb.TokenLogprobs:
@@ -147,7 +153,6 @@ def request_complete(c: Completion) -> gen_pb2.ServerFrame:
             decode_ms=c.decode_ms, e2e_ms=c.e2e_ms, preempted_ms=c.preempted_ms,
         ),
         finish_reason=FINISH_WIRE[c.finish_reason],
-        warnings=c.warnings,
     ))
 
 

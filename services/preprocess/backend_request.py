@@ -77,16 +77,20 @@ class BackendRequest:
         self.queue: asyncio.Queue[BackendEvent] = asyncio.Queue(maxsize=queue_size + 1)
         self.ended = False
 
-    def append(self, token_ids: list[int], end: bool) -> None:
+    def append(self, token_ids: list[int], end: bool, max_tokens: int | None = None) -> None:
+        """More prompt tokens; the last ones (`end`) may bring the max_tokens resolved now that the
+        prompt is complete, which a failover's re-submission then carries too."""
         if self.ended:
             return
         self.prompt_ids.extend(token_ids)
         self.input_open = self.input_open and not end
+        if max_tokens is not None:
+            self.model_kwargs.sampling.max_tokens = max_tokens
         chunk = pb.PromptPart(modality=pb.MODALITY_TOKENS, token_ids=pb.TokenIds(ids=token_ids))
         append = pb.ClientAppend(
             request_id=self.key, chunks=[chunk], ends=[pb.MODALITY_TOKENS] if end else []
         )
-        self.backend.send(gen_pb2.ClientFrame(client_append=append))
+        self.backend.send(gen_pb2.ClientFrame(client_append=append, max_tokens=max_tokens))
 
     def stop_early(self, reason: str) -> None:
         """Stop generating but keep listening: the engine ends the request with a RequestComplete

@@ -145,14 +145,7 @@ class RequestRun:
         ids = self._prompt.start(s)
         names = input_names(s.surface)
         self._check_fits(names.messages if s.messages else names.text)
-        if s.embedding is None:  # an embedding generates nothing: no output budget to resolve
-            self._max_tokens, self._warnings = caps.effective_max_tokens(
-                s.sampling.max_tokens,
-                self.prompt_tokens if self.input_done else 0,
-                d.model.context_length,
-                d.limits,
-                caps.sent_name(s.sampling, "max_tokens", s.surface, bare=True),  # the warning names the client's field
-            )
+        self._resolve_max_tokens()
         self._ticket = d.admission.admit(self.prompt_tokens, self.client, input_open=not self.input_done)
         try:
             self._backend = d.backend.submit(
@@ -193,12 +186,27 @@ class RequestRun:
             if self._ticket is not None:
                 self._ticket.add_tokens(self.prompt_tokens - before)
         if self._backend is not None and (ids or self.input_done):
-            self._backend.append(ids, end=self.input_done)
+            resolved = self._resolve_max_tokens() if self.input_done else None
+            self._backend.append(ids, end=self.input_done, max_tokens=resolved)
         if self.input_done:
             self._preprocess_finish = time.time()
             self._input_closed = time.monotonic()
             if self._ticket is not None:
                 self._ticket.close_input()
+
+    def _resolve_max_tokens(self) -> int | None:
+        """The ONE resolution of max_tokens (limits.effective_max_tokens: cap, default, the clamp to
+        the context and its warning, naming the client's field), when the prompt is complete; an
+        open input's start resolves against no prompt and its end again, sent with the last append
+        (the engine checks it, never clamps). None for an embedding, which generates nothing."""
+        s, d = self.spec, self._deps
+        if s.embedding is not None:
+            return None
+        self._max_tokens, warnings = caps.effective_max_tokens(
+            s.sampling.max_tokens, self.prompt_tokens if self.input_done else 0, d.model.context_length, d.limits,
+            caps.sent_name(s.sampling, "max_tokens", s.surface, bare=True))
+        self._warnings += tuple(w for w in warnings if w not in self._warnings)
+        return self._max_tokens
 
     def cancel(self) -> bool:
         """Stop this request; it ends with finish_reason "cancelled". False if already over."""

@@ -78,6 +78,8 @@ class FakeGeneration(gen_grpc.GenerationServiceServicer):
                             r["prompt"] += [i for p in env.client_append.chunks for i in p.token_ids.ids]
                             if env.client_append.ends:
                                 r["open"] = False
+                                if env.HasField("max_tokens"):  # resolved by preprocess at the input's end
+                                    r["max"] = env.max_tokens
                     elif kind == "abort":
                         self.aborted.append(self.public_id.get(env.abort.request_id, env.abort.request_id))
                         r = requests.pop(env.abort.request_id, None)

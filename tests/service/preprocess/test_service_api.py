@@ -114,6 +114,22 @@ def test_max_tokens_clamped_with_warning(fake_stack, model):
     events.cancel()
 
 
+def test_an_open_inputs_max_tokens_is_resolved_at_its_end_with_the_warning(fake_stack, model):
+    """Preprocess resolves max_tokens once the prompt is complete: the last append carries the
+    clamped value to the engine, and the client is told in the Complete's warnings."""
+    start = pb.PreprocessInput(request_id="open-clamp", input_modalities=[pb.MODALITY_TEXT],
+                               model_kwargs=pb.ModelKwargs(sampling=pb.SamplingParams(max_tokens=8000)))
+    events = fake_stack.stub.GenerateStream(api.GenerateStreamRequest(input=start), timeout=20)
+    it = iter(events)
+    assert next(it).accepted.max_tokens == 8000  # what fits an empty prompt so far
+    text = "hello " * 8000
+    fake_stack.stub.Append(api.AppendRequest(append=pb.ClientAppend(
+        request_id="open-clamp", text=text, ends=[pb.MODALITY_TEXT])), timeout=10)
+    room = model.context_length - len(model.tokenizer.encode(text))
+    done = list(it)[-1].complete
+    assert done.warnings == [f"max_tokens clamped to {room}"] and done.usage.completion_tokens == room
+
+
 def test_unsupported_modality(fake_stack):
     inp = _input()
     inp.prompt_parts.add(modality=pb.MODALITY_IMAGE, data=b"\x89PNG")

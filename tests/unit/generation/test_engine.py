@@ -79,12 +79,21 @@ def test_duplicate_key_and_append_after_end(tiny_checkpoint):
     assert out.failed[0].error.code == Code.FAILED_PRECONDITION and "a" not in engine.seqs
 
 
-def test_max_tokens_clamped_to_the_context_with_a_warning(tiny_checkpoint):
-    engine = make_engine(tiny_checkpoint, num_blocks=128)
-    engine.add_request("a", list(range(3, 253)), SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True))
-    tokens, completed, _, _ = drive(engine)
-    assert len(tokens["a"]) == 6 and completed["a"].finish_reason is FinishReason.LENGTH
-    assert completed["a"].warnings == ["max_tokens clamped to 6"]
+def test_max_tokens_is_checked_never_clamped_and_an_open_inputs_comes_with_its_end(tiny_checkpoint):
+    """Preprocess resolves max_tokens once (its clamp, its warning); the engine only refuses one
+    that does not fit the context, and an open input's resolved value arrives with its last append."""
+    engine = make_engine(tiny_checkpoint, num_blocks=128)  # context 256
+    engine.add_request("big", list(range(3, 253)), SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True))
+    engine.add_request("fits", list(range(3, 253)), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    engine.add_request("open", [3, 4], SamplingParams(temperature=0.0, max_tokens=250, ignore_eos=True),
+                       input_done=False)
+    engine.append("open", list(range(5, 253)), input_done=True, max_tokens=3)
+    engine.add_request("unset", list(range(3, 250)), SamplingParams(temperature=0.0, ignore_eos=True))
+    tokens, completed, failed, _ = drive(engine)
+    assert set(failed) == {"big"} and failed["big"].error.reason == "MAX_TOKENS_TOO_LARGE"
+    assert failed["big"].error.field_violations[0].field == "max_tokens"
+    assert (len(tokens["fits"]), len(tokens["open"]), len(tokens["unset"])) == (6, 3, 9)  # unset: what fits
+    assert completed["fits"].finish_reason is FinishReason.LENGTH
 
 
 def test_prefix_cache_hits_are_reported(tiny_checkpoint):
