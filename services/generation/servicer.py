@@ -41,6 +41,7 @@ from opentelemetry.trace import Span, StatusCode
 
 from services.common import contract, errors, grpc_errors, hop_trace, tracing
 from services.common.fault_boundary import FaultBoundary, RequestFault
+from services.common.prompt_fit import check_prompt_fits
 from services.common.serving import ServingState, State
 from services.generation import wire
 from services.generation.outbox import Outbox
@@ -301,11 +302,9 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
         parts = (frame.preprocess_input.prompt_parts if kind == "preprocess_input"
                  else frame.client_append.chunks if kind == "client_append" else ())
         num_ids = sum(len(part.token_ids.ids) for part in parts)
-        limit = self.engine.runner.max_model_len
-        if num_ids >= limit:
-            raise errors.invalid_argument(
-                "prompt_token_ids", f"{num_ids} token ids; the context holds {limit} including output",
-                "PROMPT_TOO_LONG")
+        # The one rule (common/prompt_fit.py), with no output room assumed: an embedding needs none,
+        # and the engine checks the whole prompt with its output room when it admits the tokens.
+        check_prompt_fits(num_ids, self.engine.runner.max_model_len, "prompt_token_ids", output_tokens=0)
 
     def _start(self, stream: _Stream, msg: pb.PreprocessInput) -> None:
         request_id = msg.request_id
