@@ -142,6 +142,10 @@ bench-fairness: $(STAMP_PROTO) ## A short chat's first token while a long prompt
 bench-hops: $(STAMP_PROTO) ## One token's time at every hop, engine -> Envoy -> client, 1 stream; writes docs/benchmarks-hops.md
 	$(PY) -m bench.hops
 
+.PHONY: bench-serving
+bench-serving: $(STAMP_PROTO) ## The stack's tok/s against the engine alone on the same work, and CPU-ms per streamed token per process (1/16/64 streams, HTTP and gRPC)
+	$(PY) -m bench.serving_cost --streams 1,16,64 --json bench/out/serving_cost.json
+
 .PHONY: bench-gpu
 bench-gpu: ## GPU tests + kernel (vs roofline) and engine benchmarks, < 8 min on an H200, offline; writes docs/kernels.md, docs/benchmarks-engine.md
 	bash bench/gpu_check.sh all

@@ -1,0 +1,185 @@
+"""What serving costs: the stack's throughput against the engine alone on the same work, and the
+CPU each process spends per streamed token (issue 30, item 1).
+
+    python -m bench.serving_cost [--streams 1,16,64] [--transports http,grpc] [--null-step-ms 0]
+    python -m bench.serving_cost --engine-alone --streams 1,16       # the engine alone (one JSON line)
+
+The stack is `make run`'s (Envoy + preprocess + generation, the default model, the generation
+service's default threads). Each level is closed-loop: `streams` clients send requests back to
+back (bench/loadgen.py: greedy, ignore_eos, `--max-tokens` new tokens, a new 48-word prompt each
+time), 2 x streams requests (at least 4). Per process: user+system CPU seconds over the level /
+tokens streamed. The client (this process) is counted too: it shares the cores.
+
+The engine alone runs in a fresh process on the same prompts (tokenized as preprocess does), the
+same closed loop (a finished request is replaced by the next at once) and the same new-token
+count, stepping on the thread that built the runner as the service does; no grpc, no asyncio.
+Its throughput is the stack's ceiling on this box: `share` = stack tok/s / engine-alone tok/s.
+
+With --null-step-ms the generation service runs the null engine (services/generation/null_runner.py,
+no model) stepping every that many ms: a token source at GPU-like rates, to measure the serving
+path alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+from bench.clients import GrpcClient, OpenAISSEClient
+from bench.cpu import _cpu_seconds
+from bench.loadgen import warm_up
+from bench.procs import ROOT
+from bench.prompts import PromptSource
+from bench.stats import summarize
+
+WORDS = 48
+
+
+def _requests(streams: int) -> int:
+    return max(4, 2 * streams)
+
+
+# ---- the engine alone
+
+
+def engine_alone(levels: list[int], max_tokens: int) -> dict:
+    import torch
+
+    from bench.engine import make_runner, new_engine
+    from services.generation.sampling_params import SamplingParams
+    from services.generation.threads import default_threads
+    from services.generation.weights.locate import load_checkpoint
+    from services.preprocess.model import load_model
+
+    threads = int(os.environ.get("MSTAR_BENCH_THREADS") or default_threads())
+    torch.set_num_threads(threads)
+    runner = make_runner("default", load_checkpoint("default"), torch.device("cpu"), threads)
+    tokenizer = load_model("default").tokenizer
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    out = {"threads": threads}
+    for streams in [1, *levels]:  # the first: a warm-up
+        prompts = PromptSource(WORDS)
+        engine = new_engine(runner, max(64, streams))
+        todo, tokens, key = _requests(streams), 0, 0
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        for key in range(min(streams, todo)):
+            engine.add_request(key, tokenizer.encode(prompts.next()), params)
+        key += 1
+        while engine.seqs or not engine._commands.empty():
+            step = engine.run_once()
+            tokens += len(step.tokens)
+            for _ in step.completed:
+                if key < todo:
+                    engine.add_request(key, tokenizer.encode(prompts.next()), params)
+                    key += 1
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        out[str(streams)] = {"tok_s": tokens / wall, "tokens": tokens, "cpu_ms_per_token": 1e3 * cpu / tokens}
+    return out
+
+
+def _engine_alone_subprocess(levels: list[int], max_tokens: int) -> dict:
+    argv = [sys.executable, "-m", "bench.serving_cost", "--engine-alone", "--streams", ",".join(map(str, levels)),
+            "--max-tokens", str(max_tokens)]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# ---- the stack
+
+
+async def _level(client, streams: int, max_tokens: int, pids: dict[str, int]) -> dict:
+    prompts = PromptSource(WORDS)
+    todo = list(range(_requests(streams)))
+    records = []
+
+    async def worker() -> None:
+        while todo:
+            todo.pop()
+            records.append(await client.request(prompts.next(), max_tokens))
+
+    before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(streams)))
+    wall = time.perf_counter() - t0
+    cpu = {name: _cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+    row = summarize(records, wall)
+    tokens = max(1, row["output_tokens"])
+    row["cpu_ms_per_token"] = {name: 1e3 * s / tokens for name, s in cpu.items()}
+    row["cpu_cores"] = {name: s / wall for name, s in cpu.items()}
+    return row
+
+
+def _stack(null_step_ms: float | None, slots: int):
+    from services.stack import Stack, StackConfig
+
+    gen_args = ["--null-engine", "--null-step-ms", str(null_step_ms)] if null_step_ms is not None else []
+    config = StackConfig.with_free_ports(ready_timeout_s=600.0, generation_args=gen_args,
+                                         preprocess_args=["--max-requests", str(slots),
+                                                          "--max-requests-per-client", str(slots)])
+    return Stack(config)
+
+
+async def _measure(stack, levels: list[int], transports: list[str], max_tokens: int) -> dict:
+    pids = {name: child.pid for name, child in stack.children.items()}
+    pids["client"] = os.getpid()
+    clients = {"http": OpenAISSEClient(stack.http_url, concurrency=max(levels)), "grpc": GrpcClient(stack.grpc_target)}
+    out: dict = {}
+    for name in transports:
+        await warm_up(clients[name], "Hello there, how are you today?", 8)
+    for streams in levels:
+        for name in transports:
+            out.setdefault(name, {})[str(streams)] = row = await _level(clients[name], streams, max_tokens, pids)
+            cpu = ", ".join(f"{k} {v:.3f}" for k, v in row["cpu_ms_per_token"].items())
+            print(f"{name} {streams} streams: {row['tok_s']:.1f} tok/s, errors {row['errors']}; CPU-ms/token {cpu}",
+                  flush=True)
+    await clients["http"].http.aclose()
+    await clients["grpc"].aclose()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.serving_cost", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--streams", default="1,16")
+    ap.add_argument("--transports", default="http,grpc")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--null-step-ms", type=float, help="a token source (the null engine) instead of the model")
+    ap.add_argument("--engine-alone", action="store_true", help="only the engine alone; print one JSON line")
+    ap.add_argument("--no-engine-alone", action="store_true")
+    ap.add_argument("--json", help="write the result here")
+    args = ap.parse_args(argv)
+    levels = [int(x) for x in args.streams.split(",")]
+    if args.engine_alone:
+        print(json.dumps(engine_alone(levels, args.max_tokens)))
+        return 0
+    result: dict = {"levels": levels, "max_tokens": args.max_tokens, "null_step_ms": args.null_step_ms}
+    if args.null_step_ms is None and not args.no_engine_alone:
+        result["engine_alone"] = alone = _engine_alone_subprocess(levels, args.max_tokens)
+        print("engine alone: " + ", ".join(f"{k} streams {v['tok_s']:.1f} tok/s ({v['cpu_ms_per_token']:.2f} CPU-ms/token)"
+                                           for k, v in alone.items() if k != "threads"), flush=True)
+    stack = _stack(args.null_step_ms, max(64, *levels))
+    try:
+        stack.start()
+        result["stack"] = asyncio.run(_measure(stack, levels, args.transports.split(","), args.max_tokens))
+    finally:
+        stack.stop()
+    if "engine_alone" in result:
+        for name, rows in result["stack"].items():
+            for streams, row in rows.items():
+                share = row["tok_s"] / result["engine_alone"][streams]["tok_s"]
+                row["share_of_engine_alone"] = share
+                print(f"{name} {streams} streams: {100 * share:.0f} % of the engine alone", flush=True)
+    if args.json:
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
