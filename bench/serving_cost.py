@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -31,11 +32,10 @@ import sys
 import time
 
 from bench.clients import GrpcClient, OpenAISSEClient
-from bench.cpu import _cpu_seconds
-from bench.loadgen import warm_up
+from bench.cpu import CpuMeter
+from bench.loadgen import run_concurrency, warm_up
 from bench.procs import ROOT
 from bench.prompts import PromptSource
-from bench.stats import summarize
 
 WORDS = 48
 
@@ -50,13 +50,13 @@ def _requests(streams: int) -> int:
 def engine_alone(levels: list[int], max_tokens: int) -> dict:
     import torch
 
-    from bench.engine import make_runner, new_engine
+    from bench.engine import drain, make_runner, new_engine
     from services.generation.sampling_params import SamplingParams
     from services.generation.threads import default_threads
     from services.generation.weights.locate import load_checkpoint
     from services.preprocess.model import load_model
 
-    threads = int(os.environ.get("MSTAR_BENCH_THREADS") or default_threads())
+    threads = default_threads()  # the generation service's own default
     torch.set_num_threads(threads)
     runner = make_runner("default", load_checkpoint("default"), torch.device("cpu"), threads)
     tokenizer = load_model("default").tokenizer
@@ -70,8 +70,7 @@ def engine_alone(levels: list[int], max_tokens: int) -> dict:
         for key in range(min(streams, todo)):
             engine.add_request(key, tokenizer.encode(prompts.next()), params)
         key += 1
-        while engine.seqs or not engine._commands.empty():
-            step = engine.run_once()
+        for step, _ in drain(engine):  # re-checks for work after every step: the loop below adds some
             tokens += len(step.tokens)
             for _ in step.completed:
                 if key < todo:
@@ -93,24 +92,15 @@ def _engine_alone_subprocess(levels: list[int], max_tokens: int) -> dict:
 
 
 async def _level(client, streams: int, max_tokens: int, pids: dict[str, int]) -> dict:
-    prompts = PromptSource(WORDS)
-    todo = list(range(_requests(streams)))
-    records = []
-
-    async def worker() -> None:
-        while todo:
-            todo.pop()
-            records.append(await client.request(prompts.next(), max_tokens))
-
-    before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(streams)))
-    wall = time.perf_counter() - t0
-    cpu = {name: _cpu_seconds(pid) - before[name] for name, pid in pids.items()}
-    row = summarize(records, wall)
+    """One closed-loop level (bench/loadgen.py), with each process's CPU metered on its own."""
+    meters = {name: CpuMeter([pid]) for name, pid in pids.items()}
+    with contextlib.ExitStack() as metering:
+        for meter in meters.values():
+            metering.enter_context(meter)
+        row = await run_concurrency(client, PromptSource(WORDS), streams, _requests(streams), max_tokens, [])
     tokens = max(1, row["output_tokens"])
-    row["cpu_ms_per_token"] = {name: 1e3 * s / tokens for name, s in cpu.items()}
-    row["cpu_cores"] = {name: s / wall for name, s in cpu.items()}
+    row["cpu_ms_per_token"] = {name: 1e3 * m.seconds / tokens for name, m in meters.items()}
+    row["cpu_cores"] = {name: m.seconds / row["wall_s"] for name, m in meters.items()}
     return row
 
 

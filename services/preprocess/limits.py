@@ -132,3 +132,21 @@ def check_token_ids(ids: tuple[int, ...], vocab_size: int, field: str) -> None:
 def input_caps_error(what: str) -> MstarError:
     """Per-stream input caps: retrying the same input would exceed them again, so no RetryInfo."""
     return resource_exhausted(what, reason="INPUT_LIMIT", retry_after_s=None)
+
+
+@dataclass
+class InputBudget:
+    """Per-stream input caps (shared by all requests of a Session). The servicer charges every
+    message as it arrives, refused ones included, before any other work on it."""
+
+    limits: Limits
+    bytes_used: int = 0
+    appends: int = 0
+
+    def charge(self, size: int, is_append: bool) -> None:
+        self.bytes_used += size
+        self.appends += int(is_append)
+        if self.bytes_used > self.limits.max_input_bytes:
+            raise input_caps_error(f"more than {self.limits.max_input_bytes} input bytes on this stream")
+        if self.appends > self.limits.max_appends:
+            raise input_caps_error(f"more than {self.limits.max_appends} appends on this stream")

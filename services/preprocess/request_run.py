@@ -31,7 +31,7 @@ from services.preprocess.backend_events import (
 from services.preprocess.backend_request import BackendRequest
 from services.preprocess.detokenizer import Detokenizer
 from services.preprocess.input_names import input_names
-from services.preprocess.limits import Limits
+from services.preprocess.limits import InputBudget, Limits
 from services.preprocess.media import FileReader
 from services.preprocess.model import ModelSpec
 from services.preprocess.prompt import PromptBuilder
@@ -67,24 +67,6 @@ class Deps:
     # However often it appends, no input stays open longer than this (an append every 20 s would
     # otherwise reset the idle timer forever and hold the slot: docs/http.md "Fair admission").
     input_lifetime_s: float = 300.0
-
-
-@dataclass
-class InputBudget:
-    """Per-stream input caps (shared by all requests of a Session). The servicer charges every
-    message as it arrives, refused ones included, before any other work on it."""
-
-    limits: Limits
-    bytes_used: int = 0
-    appends: int = 0
-
-    def charge(self, size: int, is_append: bool) -> None:
-        self.bytes_used += size
-        self.appends += int(is_append)
-        if self.bytes_used > self.limits.max_input_bytes:
-            raise caps.input_caps_error(f"more than {self.limits.max_input_bytes} input bytes on this stream")
-        if self.appends > self.limits.max_appends:
-            raise caps.input_caps_error(f"more than {self.limits.max_appends} appends on this stream")
 
 
 # How long a stop-string finish waits for the engine's own end of the request (normally one step).

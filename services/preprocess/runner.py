@@ -40,10 +40,11 @@ from services.common.prompt_fit import check_prompt_fits
 from services.common.serving import ServingState
 from services.preprocess.client import principal as principal_of
 from services.preprocess.input_names import input_names
+from services.preprocess.limits import InputBudget
 from services.preprocess.model import ModelSpec
 from services.preprocess.prompt import PromptBuilder, min_prompt_tokens
 from services.preprocess.request import Accepted, AppendSpec, Event, RequestSpec
-from services.preprocess.request_run import Deps, InputBudget, RequestRun
+from services.preprocess.request_run import Deps, RequestRun
 
 _MAX_MESSAGES = declared("mstar.v1.PreprocessInput", "messages").max_items
 # A Cancel by id may overtake the start it is about: they are two calls, maybe on two connections,
