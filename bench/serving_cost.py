@@ -7,7 +7,7 @@ CPU each process spends per streamed token (issue 30, item 1).
 The stack is `make run`'s (Envoy + preprocess + generation, the default model, the generation
 service's default threads). Each level is closed-loop: `streams` clients send requests back to
 back (bench/loadgen.py: greedy, ignore_eos, `--max-tokens` new tokens, a new 48-word prompt each
-time), 2 x streams requests (at least 4). Per process: user+system CPU seconds over the level /
+time), 4 x streams requests (at least 16). Per process: user+system CPU seconds over the level /
 tokens streamed. The client (this process) is counted too: it shares the cores.
 
 The engine alone runs in a fresh process on the same prompts (tokenized as preprocess does), the
@@ -41,7 +41,7 @@ WORDS = 48
 
 
 def _requests(streams: int) -> int:
-    return max(4, 2 * streams)
+    return max(16, 4 * streams)
 
 
 # ---- the engine alone
@@ -93,7 +93,7 @@ def _engine_alone_subprocess(levels: list[int], max_tokens: int) -> dict:
 
 async def _level(client, streams: int, max_tokens: int, pids: dict[str, int]) -> dict:
     """One closed-loop level (bench/loadgen.py), with each process's CPU metered on its own."""
-    meters = {name: CpuMeter([pid]) for name, pid in pids.items()}
+    meters = {name: CpuMeter([pid], children=name != "client") for name, pid in pids.items()}
     with contextlib.ExitStack() as metering:
         for meter in meters.values():
             metering.enter_context(meter)
