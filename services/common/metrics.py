@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily
 
 from services.common.conductor_collector import ConductorCollector
+from services.common.model_server_metrics import ModelServerGauges
 
 # Latency buckets (seconds) sized for a CPU box: a 135M model's decode step is 10-150 ms and a
 # long prefill or a deep queue reaches tens of seconds.
@@ -70,7 +71,7 @@ class GenerationMetrics:
     """The engine's metrics (prefix mstar_generation_). Called from the engine loop thread;
     prometheus-client metrics are thread-safe, so the HTTP thread may scrape at any time."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, model_name: str = "default") -> None:
         r = self.registry = registry or CollectorRegistry()
         p = "mstar_generation_"
         self.running = Gauge(p + "requests_running", "Requests scheduled in the current step.", registry=r)
@@ -103,6 +104,7 @@ class GenerationMetrics:
         self.e2e = _histogram(p + "e2e_seconds", "Arrival to completion.", r)
         self.preempted_time = _histogram(p + "preempted_seconds", "Time a request spent preempted.", r)
         self._serving = _ServingGauges(p, r)
+        self._model_protocol = ModelServerGauges(r, model_name)
         self._busy = False
         self._last_output: float | None = None
         self._seen: dict[str, float] = {}
@@ -111,6 +113,10 @@ class GenerationMetrics:
         """Follow a ServingState (services/common/serving.py) in the serving gauges."""
         state.on_change(self._serving)
 
+    def describe_cache(self, block_size: int, num_blocks: int) -> None:
+        """The paged KV cache's shape, once the engine exists (vllm:cache_config_info)."""
+        self._model_protocol.describe_cache(block_size, num_blocks)
+
     def set_idle_state(self, running: int, waiting: int, preempted: int, kv_used: int, kv_free: int) -> None:
         """Gauges only: the scheduler's state as it leaves the step (0 running once idle)."""
         self.running.set(running)
@@ -118,6 +124,7 @@ class GenerationMetrics:
         self.preempted.set(preempted)
         self.kv_used.set(kv_used)
         self.kv_free.set(kv_free)
+        self._model_protocol.set(running, waiting, kv_used, kv_free)
 
     def on_request_finished(self, completion: Any, status: str = "OK") -> None:
         """One finished request. `completion` has the engine Completion's fields (finish_reason,

@@ -160,7 +160,7 @@ async def serve(args) -> bool:
     config = EngineConfig(args.kv_blocks, args.block_size, args.max_num_seqs, args.max_batched_tokens,
                           long_prefill_token_threshold=args.long_prefill_token_threshold)
 
-    metrics = GenerationMetrics()
+    metrics = GenerationMetrics(model_name=args.model)  # vllm:* gauges are labelled as vLLM labels them
     metrics.watch_serving(state)
     if args.metrics_port is not None:
         log.info("metrics", extra={"port": start_metrics_server(args.host, args.metrics_port, metrics.registry)})
@@ -174,6 +174,7 @@ async def serve(args) -> bool:
 
     # The warm-up request's key names no stream, so the servicer drops its outputs.
     engine = Engine(runner, config, on_step, state)
+    metrics.describe_cache(engine.block_manager.block_size, engine.block_manager.num_blocks)
     attach_boundaries(runner, engine.boundary, servicer.boundary)  # MSTAR_FAULTS request faults: tests only
     servicer.attach(engine, loop)
     engine.start(torch_thread)

@@ -230,3 +230,23 @@ def test_observe_records_the_terminal_event_before_handing_it_on():
     assert asyncio.run(unary()) is done
     assert value(m, "mstar_preprocess_requests_total",
                  {"surface": "Generate", "finish_reason": "cancelled", "status": "CANCELLED"}) is None
+
+
+def test_model_server_protocol_gauges_follow_the_scheduler():
+    """GIE's endpoint picker reads these exact names (vLLM's); KV usage is a fraction, not a percent."""
+    m = GenerationMetrics(model_name="m")
+    assert value(m, "vllm:num_requests_waiting", {"model_name": "m"}) == 0  # present before the first step
+    assert value(m, "vllm:kv_cache_usage_perc", {"model_name": "m"}) == 0
+    m.describe_cache(block_size=16, num_blocks=10)
+    assert value(m, "vllm:cache_config_info", {"block_size": "16", "num_gpu_blocks": "10"}) == 1
+    engine = fake_engine(running=3)
+    engine.scheduler.waiting = [SimpleNamespace(timing=SimpleNamespace(preempted_at=None))] * 2
+    m.on_engine_output(SimpleNamespace(num_batched_tokens=3, tokens=[], completed=[], failed=[]), engine)
+    assert value(m, "vllm:num_requests_running", {"model_name": "m"}) == 3
+    assert value(m, "vllm:num_requests_waiting", {"model_name": "m"}) == 2
+    assert value(m, "vllm:kv_cache_usage_perc", {"model_name": "m"}) == 0.3  # 3 of 10 blocks
+    exposition = generate_latest(m.registry).decode()
+    assert 'vllm:num_requests_running{model_name="m"} 3.0' in exposition
+    m.on_engine_output(SimpleNamespace(num_batched_tokens=0, tokens=[], completed=[], failed=[]), fake_engine())
+    assert value(m, "vllm:num_requests_running", {"model_name": "m"}) == 0
+    assert value(m, "vllm:kv_cache_usage_perc", {"model_name": "m"}) == 0
