@@ -23,8 +23,15 @@ PYTEST := $(PY) -m pytest
 TEST_MARKERS ?= not slow and not gpu
 
 .PHONY: help
-help: ## Show this help
+help: ## Show this help, and the MSTAR_* settings of `make run`
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  \033[36m%-18s\033[0m %s\n",$$1,$$2}'
+	@echo
+	@if test -f $(STAMP_SETUP); then $(PY) -m services.stack.settings; \
+	  else echo "Settings: every flag of make run is an MSTAR_* variable (e.g. MSTAR_MODEL, MSTAR_HTTP_PORT, MSTAR_API_KEYS, MSTAR_FILE_ROOT); run make setup, then make help lists them."; fi
+
+.PHONY: settings
+settings: $(STAMP_SETUP) ## List every MSTAR_* variable: make run's and each service's flags
+	@$(PY) -m services.stack.settings --all
 
 # ---------------------------------------------------------------- setup
 .PHONY: setup
@@ -123,6 +130,11 @@ test-kernels: $(STAMP_PROTO) ## Triton kernels under the CPU interpreter vs thei
 .PHONY: run
 run: $(STAMP_PROTO) ## Start generation + preprocess + Envoy with the default model; Ctrl-C stops all
 	$(PY) -m services.stack
+
+.PHONY: grpcurl
+ARGS ?= -plaintext 127.0.0.1:8080 list
+grpcurl: $(STAMP_SETUP) ## grpcurl from the venv (pinned, no install): make grpcurl ARGS='-plaintext 127.0.0.1:8080 list'
+	$(VENV)/bin/grpcurl $(ARGS)
 
 # ---------------------------------------------------------------- benchmarks
 .PHONY: bench

@@ -21,6 +21,7 @@ import time
 from mstar.generation.v1 import generation_service_pb2_grpc as gen_grpc
 
 from services.common import errors, tracing
+from services.common.env_flags import parse_with_env
 from services.common.logs import setup_logging
 from services.common.metrics import GenerationMetrics, start_metrics_server
 from services.common.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer
@@ -36,9 +37,10 @@ from services.generation.watchdog import DEFAULT_TIMEOUT_S, watch_engine
 log = logging.getLogger("services.generation")
 
 EXIT_FAILED = 3  # the engine failed: restart me
+ENV_PREFIX = "MSTAR_GENERATION_"  # --kv-blocks is MSTAR_GENERATION_KV_BLOCKS (services/common/env_flags.py)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m services.generation", description=__doc__)
     p.add_argument("--model", default="default", help="'default' (embedded SmolLM2 GGUF), a .gguf file or an HF dir")
     p.add_argument("--host", default="0.0.0.0")
@@ -87,7 +89,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--otlp-endpoint", default=None,
                    help="export OpenTelemetry spans (OTLP/gRPC) here; default OTEL_EXPORTER_OTLP_ENDPOINT, else none")
     p.add_argument("--log-level", default="INFO")
-    args = p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = build_parser()
+    args = parse_with_env(p, ENV_PREFIX, argv)  # every flag also as MSTAR_GENERATION_<FLAG>
     if args.step not in MODES:  # argparse checks choices only on the command line, not the env default
         p.error(f"${STEP_ENV} must be one of {', '.join(MODES)}; got {args.step!r}")
     return args

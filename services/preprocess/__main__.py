@@ -18,6 +18,7 @@ from mstar.v1 import inference_service_pb2_grpc as api_grpc
 
 from services.common import tracing
 from services.common.data_dir import default_data_dir
+from services.common.env_flags import parse_with_env
 from services.common.logs import setup_logging
 from services.common.metrics import PreprocessMetrics, start_metrics_server
 from services.common.server import GrpcServer
@@ -35,9 +36,10 @@ from services.preprocess.servicer import InferenceServicer
 from services.preprocess.surfaces.responses.store import ResponseStore
 
 log = logging.getLogger("services.preprocess")
+ENV_PREFIX = "MSTAR_PREPROCESS_"  # --file-root is MSTAR_PREPROCESS_FILE_ROOT (services/common/env_flags.py)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m services.preprocess", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="default", help="'default', a .gguf file or a HF tokenizer directory")
     p.add_argument("--generation", default="127.0.0.1:50052",
@@ -108,7 +110,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--otlp-endpoint", default=None,
                    help="export OpenTelemetry spans (OTLP/gRPC) here; default OTEL_EXPORTER_OTLP_ENDPOINT, else none")
     p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return parse_with_env(build_parser(), ENV_PREFIX, argv)  # every flag also as MSTAR_PREPROCESS_<FLAG>
 
 
 async def serve(args: argparse.Namespace) -> None:

@@ -13,8 +13,8 @@ Both services serve Prometheus metrics on their own ports (`generation_metrics_p
 `preprocess_metrics_port`); `restart(name)` starts one child again with the same command line
 (services/stack/supervisor.py does that when a child exits).
 
-Replicas (`generation_replicas`, `preprocess_replicas`; `make run` reads MSTAR_GENERATION_REPLICAS
-and MSTAR_PREPROCESS_REPLICAS): replica i of a service listens on its base port + 2·i, metrics
+Replicas (`generation_replicas`, `preprocess_replicas`; `make run`'s --generation-replicas /
+--preprocess-replicas): replica i of a service listens on its base port + 2·i, metrics
 included (the services' ports interleave: 50051, 50053 ... preprocess; 50052, 50054 ...
 generation) and is the child "generation" / "generation-1" / ...; every preprocess gets every
 generation replica and its peers, and Envoy balances over every preprocess. Generation replicas
@@ -25,7 +25,6 @@ same cores starve each other (3 replicas x 2 threads on 2 cores timed out the sc
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import time
@@ -35,21 +34,15 @@ from pathlib import Path
 
 from deploy.envoy.render import VARIANTS, EnvoySettings
 from services.generation.threads import default_threads
-from services.stack import api_keys, readiness
+from services.stack import readiness
 from services.stack.envoy import start_envoy
 from services.stack.ports import free_ports_with_stride
 from services.stack.process import Child
 
-REPLICAS = {"generation_replicas": "MSTAR_GENERATION_REPLICAS", "preprocess_replicas": "MSTAR_PREPROCESS_REPLICAS"}
+REPLICAS = ("generation_replicas", "preprocess_replicas")
 PORT_STRIDE = 2  # replica i listens on base + 2·i
-ENV_PORTS = {
-    "http_port": "MSTAR_HTTP_PORT",
-    "admin_port": "MSTAR_ADMIN_PORT",
-    "preprocess_port": "MSTAR_PREPROCESS_PORT",
-    "generation_port": "MSTAR_GENERATION_PORT",
-    "preprocess_metrics_port": "MSTAR_PREPROCESS_METRICS_PORT",
-    "generation_metrics_port": "MSTAR_GENERATION_METRICS_PORT",
-}
+PORTS = ("http_port", "admin_port", "preprocess_port", "generation_port", "preprocess_metrics_port",
+         "generation_metrics_port")
 
 
 @dataclass
@@ -75,6 +68,8 @@ class StackConfig:
     log_dir: Path | None = None
     # Where preprocess keeps state (the stored /v1/responses); None = the log directory.
     data_dir: Path | None = None
+    # Inputs may name files under this directory (preprocess --file-root); None = no file inputs.
+    file_root: Path | None = None
     ready_timeout_s: float = 600.0
     # API keys Envoy requires (MSTAR_API_KEYS, MSTAR_API_KEYS_FILE / --api-keys-file); () = open.
     api_keys: tuple[str, ...] = ()
@@ -83,33 +78,10 @@ class StackConfig:
     envoy_overrides: dict[str, object] = field(default_factory=dict)
 
     @classmethod
-    def from_env(cls, **overrides: object) -> StackConfig:
-        values: dict[str, object] = {k: int(os.environ[v]) for k, v in ENV_PORTS.items() if os.environ.get(v)}
-        if os.environ.get("MSTAR_MODEL"):
-            values["model"] = os.environ["MSTAR_MODEL"]
-        if os.environ.get("MSTAR_DTYPE"):
-            values["dtype"] = os.environ["MSTAR_DTYPE"]
-        if os.environ.get("MSTAR_DATA_DIR"):
-            values["data_dir"] = Path(os.environ["MSTAR_DATA_DIR"])
-        if os.environ.get("MSTAR_QUANTIZATION"):
-            values["quantization"] = os.environ["MSTAR_QUANTIZATION"]
-        if os.environ.get("MSTAR_DEFAULT_MAX_TOKENS"):
-            values["default_max_tokens"] = int(os.environ["MSTAR_DEFAULT_MAX_TOKENS"])
-        if os.environ.get("MSTAR_OTLP_ENDPOINT"):
-            values["otlp_endpoint"] = os.environ["MSTAR_OTLP_ENDPOINT"]
-        for name, var in REPLICAS.items():
-            if os.environ.get(var):
-                values[name] = int(os.environ[var])
-        if keys := api_keys.configured(os.environ):
-            values["api_keys"] = keys
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)  # type: ignore[arg-type]
-
-    @classmethod
     def with_free_ports(cls, **overrides: object) -> StackConfig:
         replicas = max(int(overrides.get(name, 1)) for name in REPLICAS)  # type: ignore[call-overload]
         taken: set[int] = set()
-        ports = {name: free_ports_with_stride(replicas, PORT_STRIDE, taken) for name in ENV_PORTS}
+        ports = {name: free_ports_with_stride(replicas, PORT_STRIDE, taken) for name in PORTS}
         return cls(**{**ports, **overrides})  # type: ignore[arg-type]
 
     def generation_ports(self, base: int | None = None) -> list[int]:
@@ -232,6 +204,8 @@ class Stack:
             argv += ["--peers", ",".join(self.preprocess_targets), "--advertise", f"{c.host}:{port}"]
         if c.default_max_tokens is not None:
             argv += ["--default-max-tokens", str(c.default_max_tokens)]
+        if c.file_root is not None:
+            argv += ["--file-root", str(c.file_root)]
         if c.otlp_endpoint:
             argv += ["--otlp-endpoint", c.otlp_endpoint]
         return argv + c.preprocess_args

@@ -48,7 +48,7 @@ def test_a_missing_keys_file_stops_make_run_before_anything_starts(tmp_path, cap
 
 def test_the_keys_reach_envoys_settings(monkeypatch):
     monkeypatch.setenv("MSTAR_API_KEYS", "sk-a,sk-b")
-    config = StackConfig.from_env()
+    config = launcher.stack_config(launcher.parse_args([]), api_keys.configured())
     assert config.api_keys == ("sk-a", "sk-b")
     assert Stack(config).envoy_settings().api_keys == ("sk-a", "sk-b")
     assert Stack(StackConfig(api_keys=("sk-c",))).envoy_settings().api_keys == ("sk-c",)
