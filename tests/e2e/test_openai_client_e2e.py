@@ -20,6 +20,19 @@ def test_models(client):
     assert models and models[0].object == "model"
 
 
+def test_the_model_answers_to_its_hugging_face_name(client):
+    """SDK code written for vLLM or the Hub passes the repo id; it selects the served model."""
+    served = client.models.list().data[0].id
+    hf = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert client.models.retrieve(hf).id == served  # a two-segment path: /v1/models/ORG/NAME
+    reply = client.chat.completions.create(model=hf, messages=MESSAGES, max_tokens=3)
+    assert reply.model == hf and reply.choices[0].message.content is not None
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="HuggingFaceTB/SmolLM2-360M-Instruct", messages=MESSAGES, max_tokens=3)
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("HuggingFaceTB/other")
+
+
 def test_chat_stream_concatenates_to_non_stream_for_the_same_seed(client):
     args = {"model": "default", "messages": MESSAGES, "max_tokens": 12, "temperature": 0.9, "seed": 7}
     whole = client.chat.completions.create(**args)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from urllib.parse import unquote
 
 from services.common import errors, hop_trace
 from services.common.metrics import timing_headers
@@ -132,7 +133,8 @@ async def list_models(req: HttpRequest, runs: RunScope, created: int) -> AsyncIt
 
 
 async def retrieve_model(req: HttpRequest, runs: RunScope, created: int) -> AsyncIterator[Frame]:
-    name = req.params.get("model", "")
-    if name not in (runs.runner.model.name, "default"):
+    # SDKs percent-encode the path (ORG%2FNAME for a repo id); the transcoder leaves %2F encoded.
+    name = unquote(req.params.get("model", ""))
+    if not runs.runner.model.answers_to(name):
         raise errors.not_found("model not found (see GET /v1/models)", reason="MODEL_NOT_FOUND")
     yield json_frame(model_object(runs, created))
