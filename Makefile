@@ -155,8 +155,9 @@ bench-hops: $(STAMP_PROTO) ## One token's time at every hop, engine -> Envoy -> 
 	$(PY) -m bench.hops
 
 .PHONY: bench-serving
-bench-serving: $(STAMP_PROTO) ## The stack's tok/s against the engine alone on the same work, and CPU-ms per streamed token per process (1/16/64 streams, HTTP and gRPC)
-	$(PY) -m bench.serving_cost --streams 1,16,64 --json bench/out/serving_cost.json
+bench-serving: $(STAMP_PROTO) ## The stack's tok/s against the engine alone on the same work, and CPU-ms per streamed token per process (1/16/64 streams, HTTP and gRPC; then a 1 ms token source); writes docs/benchmarks.md's serving-cost sections
+	$(PY) -m bench.serving_cost --streams 1,16,64 --json bench/out/serving_cost.json --doc docs/benchmarks.md
+	$(PY) -m bench.serving_cost --null-step-ms 1 --max-tokens 256 --streams 1,16,64 --json bench/out/serving_cost_null.json --doc docs/benchmarks.md
 
 .PHONY: bench-gpu
 bench-gpu: ## GPU tests + kernel (vs roofline) and engine benchmarks, < 8 min on an H200, offline; writes docs/kernels.md, docs/benchmarks-engine.md

@@ -132,6 +132,36 @@ async def _measure(stack, levels: list[int], transports: list[str], max_tokens: 
     return out
 
 
+# ---- the report
+
+PROCESSES = ("generation", "preprocess", "envoy", "client")
+
+
+def render(result: dict) -> str:
+    """A markdown table per run: tok/s (and the share of the engine alone) and each process's
+    CPU-ms per streamed token, every level and transport side by side."""
+    alone = result.get("engine_alone", {})
+    source = (f"null engine stepping every {result['null_step_ms']:g} ms" if result.get("null_step_ms") is not None
+              else "the default model")
+    lines = [f"Closed loop, {result['max_tokens']} new tokens a request, {source}; "
+             "CPU-ms per streamed token = user+system CPU of the process over the level / tokens streamed.", "",
+             "| transport | streams | tok/s | share of engine alone | " + " | ".join(PROCESSES)
+             + " | Envoy + preprocess |", "|---|---:|---:|---:|" + "---:|" * (len(PROCESSES) + 1)]
+    if alone:
+        for streams in map(str, result["levels"]):
+            row = alone[streams]
+            lines.append(f"| engine alone | {streams} | {row['tok_s']:.0f} | 100 % | {row['cpu_ms_per_token']:.3f} |"
+                         " – | – | – | – |")
+    for name, rows in result["stack"].items():
+        for streams, row in rows.items():
+            cpu = row["cpu_ms_per_token"]
+            share = f"{100 * row['share_of_engine_alone']:.0f} %" if "share_of_engine_alone" in row else "–"
+            cells = " | ".join(f"{cpu[k]:.3f}" for k in PROCESSES)
+            lines.append(f"| {name} | {streams} | {row['tok_s']:.0f} | {share} | {cells} | "
+                         f"{cpu['envoy'] + cpu['preprocess']:.3f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.serving_cost", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -142,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-alone", action="store_true", help="only the engine alone; print one JSON line")
     ap.add_argument("--no-engine-alone", action="store_true")
     ap.add_argument("--json", help="write the result here")
+    ap.add_argument("--doc", help="write the table into this markdown doc's serving-cost section "
+                                  "(serving-cost-null with --null-step-ms)")
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.streams.split(",")]
     if args.engine_alone:
@@ -164,6 +196,13 @@ def main(argv: list[str] | None = None) -> int:
                 share = row["tok_s"] / result["engine_alone"][streams]["tok_s"]
                 row["share_of_engine_alone"] = share
                 print(f"{name} {streams} streams: {100 * share:.0f} % of the engine alone", flush=True)
+    if args.doc:
+        from pathlib import Path
+
+        from bench import doc_sections
+
+        name = "serving-cost-null" if args.null_step_ms is not None else "serving-cost"
+        doc_sections.write(Path(args.doc), name, render(result))
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:

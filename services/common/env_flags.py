@@ -10,6 +10,11 @@ value is checked as the flag's own value would be (type, choices), and a bad one
 naming the variable. Boolean flags take 1/true/yes/on or 0/false/no/off. Flags that take several
 values (nargs) or repeat (append) are not read from the environment: a space-joined string has
 no one right reading. `settings(parser, prefix)` lists (variable, flag, help) for `make help`.
+
+On Kubernetes, service links inject `<SERVICE>_PORT=tcp://...` into every pod: a Service named
+`mstar-generation` would set MSTAR_GENERATION_PORT and fail the generation pod's start with an
+error naming the variable. The manifests in deploy/k8s name no Service `mstar-*`, and the pool's
+pods set `enableServiceLinks: false`.
 """
 
 from __future__ import annotations
