@@ -8,6 +8,8 @@ Variants differ only in addresses and how the upstream is found:
   compose  listener on 0.0.0.0, upstream `preprocess` resolved by STRICT_DNS (every replica of the
            scaled compose service)
   k8s      listener on 0.0.0.0, upstream the headless Service `preprocess` (STRICT_DNS finds every pod)
+  pod      listener on 0.0.0.0, upstream STATIC 127.0.0.1:50051: the preprocess container of the same
+           pod (deploy/k8s/inference-pool: one pod = preprocess + generation + Envoy, behind a Gateway)
 The admin interface always stays on 127.0.0.1: it can shut Envoy down and must not be public.
 """
 
@@ -88,10 +90,17 @@ VARIANTS = {
                              descriptor_path="/etc/envoy/descriptor.pb"),
     "k8s": EnvoySettings(listen_address="0.0.0.0", upstream_host="preprocess", cluster_type="STRICT_DNS",
                          descriptor_path="/etc/envoy/descriptor.pb"),
+    # An InferencePool pod: the Gateway's endpoint picker already chose this pod, so the upstream is
+    # the one preprocess beside Envoy. The Gateway is a proxy in front that appends the client's
+    # address to X-Forwarded-For: trusting that one hop keeps per-client admission per client
+    # instead of lumping every request under the Gateway's address.
+    "pod": EnvoySettings(listen_address="0.0.0.0", upstream_host="127.0.0.1", cluster_type="STATIC",
+                         descriptor_path="/etc/envoy/descriptor.pb", xff_num_trusted_hops=1),
 }
 # Rendered copies that deployments use directly (regenerate with `python -m deploy.envoy.render
 # --write-committed`; tests/unit/deploy fails if they drift from the template).
-COMMITTED = {"compose": HERE / "envoy.compose.yaml", "k8s": ROOT / "deploy" / "k8s" / "envoy-config.yaml"}
+COMMITTED = {"compose": HERE / "envoy.compose.yaml", "k8s": ROOT / "deploy" / "k8s" / "envoy-config.yaml",
+             "pod": ROOT / "deploy" / "k8s" / "inference-pool" / "envoy-config.yaml"}
 
 
 # HTTP status of an Envoy local reply → the gRPC code a transcoded error with that status carries,
@@ -313,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variant", choices=sorted(VARIANTS), default="local")
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--write-committed", action="store_true", help="rewrite the compose and k8s copies")
+    parser.add_argument("--write-committed", action="store_true", help="rewrite the compose, k8s and pod copies")
     parser.add_argument("--http-port", type=int)
     parser.add_argument("--admin-port", type=int)
     parser.add_argument("--upstream-host")

@@ -38,7 +38,9 @@ def test_admin_is_loopback_only_and_upstream_resolves_by_dns_in_containers(varia
     assert config["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
     cluster = config["static_resources"]["clusters"][0]
     assert cluster["common_lb_config"]["healthy_panic_threshold"]["value"] == 0
-    assert cluster["type"] == ("STATIC" if variant == "local" else "STRICT_DNS")
+    # STATIC where the upstream is on loopback: local processes, or the preprocess beside Envoy in
+    # an InferencePool pod (variant pod).
+    assert cluster["type"] == ("STATIC" if variant in ("local", "pod") else "STRICT_DNS")
 
 
 def test_streaming_routes_have_no_route_timeout_but_idle_and_duration_bounds():
