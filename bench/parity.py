@@ -72,7 +72,7 @@ def measure(device: str, dtype: str, new_tokens: int = 64, prompts: list[list[in
     from services.generation.weights.locate import load_checkpoint
 
     checkpoint = checkpoint or load_checkpoint("default")
-    hf_tokens, hf_margins = _hf_greedy(checkpoint, device, dtype, prompts, new_tokens)
+    hf_tokens, hf_margins = hf_greedy(checkpoint, device, dtype, prompts, new_tokens)
     blocks_per_seq = math.ceil((max(map(len, prompts)) + new_tokens) / 16)
     runner = ModelRunner(checkpoint, RunnerConfig(num_blocks=len(prompts) * blocks_per_seq + 1, block_size=16,
                                                   device=device, dtype=dtype))
@@ -87,12 +87,12 @@ def measure(device: str, dtype: str, new_tokens: int = 64, prompts: list[list[in
                 result.disagreements.append({"prompt": i, "step": step, "hf": t, "ours": m,
                                              "hf_margin": round(hf_margins[i][step], 4)})
     result.agreement = agree / result.positions
-    free = _engine_greedy(runner, prompts, new_tokens)
-    result.free_running_prefix = [_common_prefix(a, b) for a, b in zip(hf_tokens, free, strict=True)]
+    free = engine_greedy(runner, prompts, new_tokens)
+    result.free_running_prefix = [common_prefix(a, b) for a, b in zip(hf_tokens, free, strict=True)]
     return result
 
 
-def _hf_greedy(checkpoint, device: str, dtype: str, prompts, new_tokens):
+def hf_greedy(checkpoint, device: str, dtype: str, prompts, new_tokens):
     """HF's greedy tokens and, at each step, the margin between its top two logits."""
     import transformers
 
@@ -153,7 +153,7 @@ def _teacher_forced_argmax(runner, prompts, continuations) -> list[list[int]]:
     return out
 
 
-def _engine_greedy(runner, prompts, new_tokens) -> list[list[int]]:
+def engine_greedy(runner, prompts, new_tokens) -> list[list[int]]:
     from services.generation.engine import Engine, EngineConfig
     from services.generation.sampling_params import SamplingParams
 
@@ -172,7 +172,7 @@ def _engine_greedy(runner, prompts, new_tokens) -> list[list[int]]:
     return [tokens[i] for i in range(len(prompts))]
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 

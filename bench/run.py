@@ -44,6 +44,12 @@ def _commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
+def run_meta() -> dict:
+    """When, on what and at which commit a benchmark ran: the fields every report's first line shows."""
+    return {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "commit": _commit(), "cpu": _cpu_name(),
+            "cores": os.cpu_count(), "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+
+
 def _rel(path: Path) -> str:
     try:
         return str(path.resolve().relative_to(procs.ROOT))

@@ -36,6 +36,7 @@ from bench.cpu import CpuMeter
 from bench.loadgen import run_concurrency, warm_up
 from bench.procs import ROOT
 from bench.prompts import PromptSource
+from bench.run import run_meta
 
 WORDS = 48
 
@@ -137,13 +138,19 @@ async def _measure(stack, levels: list[int], transports: list[str], max_tokens: 
 PROCESSES = ("generation", "preprocess", "envoy", "client")
 
 
+
 def render(result: dict) -> str:
     """A markdown table per run: tok/s (and the share of the engine alone) and each process's
     CPU-ms per streamed token, every level and transport side by side."""
     alone = result.get("engine_alone", {})
     source = (f"null engine stepping every {result['null_step_ms']:g} ms" if result.get("null_step_ms") is not None
               else "the default model")
-    lines = [f"Closed loop, {result['max_tokens']} new tokens a request, {source}; "
+    meta = result.get("meta", {})
+    title = "with a token source" if result.get("null_step_ms") is not None else "with the real engine"
+    lines = [f"## Serving cost per streamed token, {title} (issue 30 item 1; `make bench-serving`)", "",
+             f"Measured by `python -m bench.serving_cost` on {meta.get('date', '?')}, commit `{meta.get('commit', '?')}`, "
+             f"{meta.get('cpu', '?')}, {meta.get('cores', '?')} cores (load average {meta.get('loadavg', '?')} at start). "
+             f"Closed loop, {result['max_tokens']} new tokens a request, {source}; "
              "CPU-ms per streamed token = user+system CPU of the process over the level / tokens streamed.", "",
              "| transport | streams | tok/s | share of engine alone | " + " | ".join(PROCESSES)
              + " | Envoy + preprocess |", "|---|---:|---:|---:|" + "---:|" * (len(PROCESSES) + 1)]
@@ -179,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.engine_alone:
         print(json.dumps(engine_alone(levels, args.max_tokens)))
         return 0
-    result: dict = {"levels": levels, "max_tokens": args.max_tokens, "null_step_ms": args.null_step_ms}
+    result: dict = {"levels": levels, "max_tokens": args.max_tokens, "null_step_ms": args.null_step_ms,
+                    "meta": run_meta()}
     if args.null_step_ms is None and not args.no_engine_alone:
         result["engine_alone"] = alone = _engine_alone_subprocess(levels, args.max_tokens)
         print("engine alone: " + ", ".join(f"{k} streams {v['tok_s']:.1f} tok/s ({v['cpu_ms_per_token']:.2f} CPU-ms/token)"
