@@ -28,7 +28,7 @@ EXPECTED_RULES = {
     "CreateChatCompletion": ("post", "/v1/chat/completions"),
     "CreateCompletion": ("post", "/v1/completions"),
     "ListOpenAIModels": ("get", "/v1/models"),
-    "RetrieveOpenAIModel": ("get", "/v1/models/{model}"),
+    "RetrieveOpenAIModel": ("get", "/v1/models/{model=**}"),
     "CreateMessage": ("post", "/v1/messages"),
     "CountMessageTokens": ("post", "/v1/messages/count_tokens"),
     "CreateModelResponse": ("post", "/v1/responses"),

@@ -34,12 +34,18 @@ def envoy(tmp_path_factory):
 
 @pytest.mark.parametrize(("method", "path"), [
     ("GET", "/v1/foo"), ("POST", "/v1/foo"), ("DELETE", "/v1/foo/bar"), ("GET", "/v1"), ("PUT", "/v1/models"),
-    ("GET", "/v1/models/a/b"), ("GET", "/v1/responses/resp_1/nope"), ("GET", "/v1/foo?x=1"),
+    ("GET", "/v1/responses/resp_1/nope"), ("GET", "/v1/foo?x=1"),
 ])
 def test_an_unknown_v1_path_is_an_openai_404(envoy, method, path):
     err = openai_error(httpx.request(method, envoy + path, timeout=10), 404)
     assert err == {"message": f"Invalid URL ({method} {path})", "type": "not_found_error", "code": "unknown_route",
                    "param": None}
+
+
+def test_a_multi_segment_model_name_reaches_the_model_lookup(envoy):
+    # `/v1/models/{model=**}`: a Hugging Face repo id (ORG/NAME) is one model name, not an unknown route.
+    err = openai_error(httpx.get(envoy + "/v1/models/org/other", timeout=10), 404)
+    assert err["code"] == "model_not_found"
 
 
 def test_an_unknown_path_is_404_whatever_the_body_declares(envoy):
