@@ -19,9 +19,10 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
+
+from bench import doc_sections
 
 SECTION = "cpu-floor"
 SKIP_STEPS = 8  # prefill and the first decode steps (allocator, caches) are not the steady step
@@ -122,13 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(args.threads or default_threads(), args.steps)
     print(f"step {result['step_ms']:.2f} ms, floor {result['floor_ms']:.2f} ms ({result['total_bytes'] / 1e6:.1f} MB at "
           f"{result['read_gb_s']:.1f} GB/s): {result['ratio']:.2f}x", flush=True)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1))
-    if args.doc:
-        from bench import doc_sections
-
-        doc_sections.write(Path(args.doc), SECTION, render(result))
+    doc_sections.save(result, args.json, args.doc, SECTION, render)
     return 0
 
 

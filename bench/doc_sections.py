@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -38,3 +40,13 @@ def carried(path: Path, text: str) -> str:
             start, end = _markers(name)
             text = text.rstrip("\n") + f"\n\n{start}\n{body}\n{end}\n"
     return text
+
+
+def save(result: dict, json_path: str | None, doc: str | None, name: str, render: Callable[[dict], str]) -> None:
+    """A benchmark's result as JSON at `json_path` and rendered into section `name` of `doc`
+    (each only when given): the ending every `--json/--doc` benchmark shares."""
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(result, indent=1))
+    if doc:
+        write(Path(doc), name, render(result))

@@ -28,10 +28,10 @@ import json
 import math
 import sys
 import time
-from pathlib import Path
 
 import torch
 
+from bench import doc_sections
 from bench.parity import PROMPTS, common_prefix, engine_greedy, hf_greedy
 
 VARIANTS = {  # RunnerConfig fields; "default" is what `make run` serves
@@ -166,13 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--doc", help="write the table into this markdown doc's faithfulness section")
     args = ap.parse_args(argv)
     result = measure(args.variants, args.windows, args.new_tokens, args.threads)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1))
-    if args.doc:
-        from bench import doc_sections
-
-        doc_sections.write(Path(args.doc), SECTION, render(result))
+    doc_sections.save(result, args.json, args.doc, SECTION, render)
     return 0
 
 
