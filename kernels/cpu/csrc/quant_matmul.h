@@ -117,6 +117,30 @@ struct Tile {
   int ncols;  // valid output columns of this group (16 except in a padded last group)
 };
 
+// At one activation row a tile streams each weight byte from DRAM once and does little with
+// it, and a layer's matrices are short streams (0.2-2 MB, split between threads) that the hardware
+// prefetcher ramps up on again at every call. So both SIMD paths ask for the block a fixed distance
+// ahead (T0; prefetches never fault, so running past the weight's end is harmless); bit for bit the
+// same. AVX2 (a 2-core Zen 2-class box): the default model's projections and head at one row ran at
+// 14 GB/s against 21 GB/s for a plain 2-thread read; 1 KB ahead made that 5-12 % faster (medians
+// 7.1 and 7.8 against 8.1 ms; 6.6 against 7.2), 2 KB and 4 KB gained less, NTA kept nothing else in
+// cache. AVX-512 VNNI (a 2-core Zen 4 EPYC, whole 1-row steps, interleaved runs, best median of 20
+// rounds): no prefetch 3.70-4.15 ms, 1 KB 3.39-3.60, 2 KB 2.94-3.51, 4 KB 3.55-3.85, so 2 KB there.
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr int64_t kPrefetchBytes = 2048;
+#else
+constexpr int64_t kPrefetchBytes = 1024;
+#endif
+
+template <int BITS, typename S>
+inline void prefetch_ahead(const Tile<S>& t, const uint8_t* block_codes, int64_t b) {
+  constexpr int64_t block_bytes = BITS == 4 ? 4 * 64 : 8 * 64, ahead = kPrefetchBytes / block_bytes;
+  for (int64_t k = 0; k < block_bytes; k += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(block_codes + kPrefetchBytes + k), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(t.scale + (b + ahead) * kRows), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(t.offset + (b + ahead) * kRows), _MM_HINT_T0);
+}
+
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 constexpr int kMaxTileRows = 8;
 
@@ -134,6 +158,7 @@ void run_tile(const Tile<S>& t) {
     __m512i w[8];
     if constexpr (BITS == 4) {
       const uint8_t* p = t.codes + b * 4 * 64;
+      prefetch_ahead<BITS>(t, p, b);
       for (int j = 0; j < 4; ++j) {
         __m512i v = _mm512_loadu_si512(p + j * 64);
         w[j] = _mm512_and_si512(v, low4);
@@ -141,14 +166,21 @@ void run_tile(const Tile<S>& t) {
       }
     } else {
       const uint8_t* p = t.codes + b * 8 * 64;
+      prefetch_ahead<BITS>(t, p, b);
       for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(p + j * 64);
     }
     const __m512 s = load16(t.scale + b * kRows);
     const __m512 o = load16(t.offset + b * kRows);
     for (int r = 0; r < MT; ++r) {
       const int32_t* a = reinterpret_cast<const int32_t*>(t.q + r * t.K + b * kBlock);
-      __m512i dot = _mm512_setzero_si512();
-      for (int j = 0; j < 8; ++j) dot = _mm512_dpbusd_epi32(dot, w[j], _mm512_set1_epi32(a[j]));
+      // Two chains of 4 (even and odd j), added once: one chain of 8 dependent vpdpbusd was the
+      // block's latency at one row.
+      __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+      for (int j = 0; j < 8; j += 2) {
+        even = _mm512_dpbusd_epi32(even, w[j], _mm512_set1_epi32(a[j]));
+        odd = _mm512_dpbusd_epi32(odd, w[j + 1], _mm512_set1_epi32(a[j + 1]));
+      }
+      const __m512i dot = _mm512_add_epi32(even, odd);
       const int64_t ab = r * t.nb + b;
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, _mm512_set1_ps(t.d[ab])), acc[r]);
       acc[r] = _mm512_fmadd_ps(o, _mm512_set1_ps(t.ds[ab]), acc[r]);
@@ -163,25 +195,6 @@ constexpr int kMaxTileRows = 4;
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-
-// At one activation row this tile streams each weight byte from DRAM once and does little with
-// it, and a layer's matrices are short streams (0.2-2 MB, split between threads) that the hardware
-// prefetcher ramps up on again at every call: the default model's 121 projections and head at one
-// row ran at 14 GB/s, against 21 GB/s for a plain 2-thread read. Asking for the block 1 KB ahead
-// (T0; prefetches never fault, so running past the weight's end is harmless) made that sequence
-// 5-12 % faster, bit for bit the same (interleaved A/B runs: medians 7.1 and 7.8 against 8.1 ms;
-// 6.6 against 7.2), and 16 rows no slower. 2 KB and 4 KB gained less; an NTA hint kept nothing
-// else in cache on this CPU (measured), so T0.
-constexpr int64_t kPrefetchBytes = 1024;
-
-template <int BITS, typename S>
-inline void prefetch_ahead(const Tile<S>& t, const uint8_t* block_codes, int64_t b) {
-  constexpr int64_t block_bytes = BITS == 4 ? 4 * 64 : 8 * 64, ahead = kPrefetchBytes / block_bytes;
-  for (int64_t k = 0; k < block_bytes; k += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(block_codes + kPrefetchBytes + k), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(t.scale + (b + ahead) * kRows), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(t.offset + (b + ahead) * kRows), _MM_HINT_T0);
-}
 
 // u8 x s8 dot of 4-byte groups into int32 lanes. maddubs saturates int16 pairs: fine for codes < 128
 // (|15 * 127 * 2| < 2^15); 8-bit codes go through the signed form (|c - 128| <= 128, see below).
@@ -294,8 +307,10 @@ void run_tile(const Tile<S>& t) {
 }
 #endif
 
+// By reference and inlined: a Tile passed by value through the PLT was stored in pieces and re-read
+// whole, a failed store-to-load forward at every group call (perf put ~8 % of a 1-row step there).
 template <int BITS, typename S>
-void run_rows(Tile<S> t, int64_t rows) {
+inline __attribute__((always_inline)) void run_rows(const Tile<S>& t, int64_t rows) {
   // Tiles of kMaxTileRows activation rows share each unpacked weight vector.
   for (int64_t r0 = 0; r0 < rows; r0 += kMaxTileRows) {
     Tile<S> u = t;
