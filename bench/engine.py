@@ -156,7 +156,7 @@ def make_runner(name: str, checkpoint, device: torch.device, threads: int) -> Mo
 def hf_model(checkpoint, device: torch.device, dtype: torch.dtype):
     import transformers
 
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**checkpoint.config.to_hf_dict())).eval()
+    model = transformers.AutoModelForCausalLM.from_config(checkpoint.config.hf_config()).eval()
     model.load_state_dict(checkpoint.state_dict, strict=False)
     return model.to(device=device, dtype=dtype)
 

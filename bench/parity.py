@@ -96,8 +96,7 @@ def hf_greedy(checkpoint, device: str, dtype: str, prompts, new_tokens):
     """HF's greedy tokens and, at each step, the margin between its top two logits."""
     import transformers
 
-    config = transformers.LlamaConfig(**checkpoint.config.to_hf_dict())
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = transformers.AutoModelForCausalLM.from_config(checkpoint.config.hf_config()).eval()
     model.load_state_dict(checkpoint.state_dict, strict=False)
     model.tie_weights()
     model = model.to(device=device, dtype=getattr(torch, dtype))

@@ -136,8 +136,10 @@ class KernelOps:
         theta: float,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        llama3: dict[str, float] | None = None,
+        freq_factors: tuple[float, ...] | None = None,
     ) -> torch.Tensor:  # [max_positions, head_dim] = cat(cos, sin)
-        return build_cos_sin_cache(head_dim, max_positions, theta, device, dtype)
+        return build_cos_sin_cache(head_dim, max_positions, theta, device, dtype, llama3, freq_factors)
 
     def supports(self, op: str) -> bool:
         """Whether this backend runs op: every op runs on every backend but decoder_stack ("cpu" only)."""

@@ -22,16 +22,16 @@ import time
 
 def load_model(threads: int):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from services.generation.weights.locate import load_checkpoint
 
     torch.set_num_threads(threads)
     ckpt = load_checkpoint("default")
-    config = LlamaConfig(**ckpt.config.to_hf_dict())
+    config = ckpt.config.hf_config()
     config._attn_implementation = "sdpa"
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config)
     model.load_state_dict(ckpt.state_dict, strict=False, assign=True)
     model.tie_weights()
     model.model.rotary_emb = type(model.model.rotary_emb)(config=config)  # buffers were on meta

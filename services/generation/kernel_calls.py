@@ -21,7 +21,7 @@ from kernels.aot.matrix import CALLS_PATH, META, PlanningOps, describe
 from kernels.dispatch import KernelOps
 from kernels.launch import H200
 from kernels.shapes import BLOCK_SIZES, DTYPES, SUPPORTED, ModelShape
-from services.generation.models.config import LlamaConfig
+from services.generation.models.config import DecoderConfig
 from services.generation.models.kv_cache import KVCache
 from services.generation.models.llama import StepMetadata, Transformer
 
@@ -101,8 +101,8 @@ def _run_step(transformer: Transformer, ops: KernelOps, block_size: int, step: S
     ops.sample(logits, column, ints, column, column, ints, ints)
 
 
-def _config(model: ModelShape) -> LlamaConfig:
-    return LlamaConfig(
+def _config(model: ModelShape) -> DecoderConfig:
+    return DecoderConfig(
         vocab_size=model.vocab, hidden_size=model.hidden, intermediate_size=model.ffn, num_layers=2,
         num_heads=model.q_heads, num_kv_heads=model.kv_heads, head_dim=model.head_dim, rms_norm_eps=1e-5,
         rope_theta=500000.0, max_position_embeddings=32768, tie_word_embeddings=False,

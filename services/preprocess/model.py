@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from services.common.context_window import gguf_served_context_length, served_context_length
 from services.preprocess.chat_template import ChatTemplate
 from services.preprocess.tokenizer import Tokenizer, TokenizerError
 
@@ -41,6 +42,9 @@ class ModelSpec:
     # Other names a request's `model` may give: the Hugging Face repo id the checkpoint comes from
     # (what SDK users type), when known. `name` stays the id /v1/models reports.
     aliases: tuple[str, ...] = ()
+    # The architecture family the checkpoint declares (HF model_type, GGUF general.architecture):
+    # "llama", "mistral", "qwen2", "qwen3"; what /v1/models reports.
+    family: str = ""
 
     def answers_to(self, model: str) -> bool:
         """`model` names this model: its id, "default" or an alias (exactly, as vLLM matches)."""
@@ -65,7 +69,8 @@ def read_gguf_metadata(path: Path) -> dict:
     reader = GGUFReader(str(path))
     out: dict = {}
     for key, value in reader.fields.items():
-        if key.startswith(("tokenizer.", "general.")) or key.endswith((".context_length", ".embedding_length")):
+        if key.startswith(("tokenizer.", "general.")) or key.endswith((".context_length", ".embedding_length",
+                                                                                 ".attention.sliding_window")):
             out[key] = value.contents()
     return out
 
@@ -92,7 +97,8 @@ def _from_gguf(path: Path) -> ModelSpec:
         aliases=_hf_repo(repo),
         name=_model_name(meta.get("general.name"), path),
         path=path,
-        context_length=int(meta.get(f"{arch}.context_length", 2048)),
+        context_length=gguf_served_context_length(meta, arch),
+        family=str(arch),
         hidden_size=int(meta.get(f"{arch}.embedding_length", 0)),
         tokenizer=tokenizer,
         chat_template=ChatTemplate(template, tokenizer.special) if template else None,
@@ -110,7 +116,8 @@ def _from_hf_dir(path: Path) -> ModelSpec:
         aliases=_hf_repo(model_config.get("_name_or_path")),  # the repo it was saved from, if not a local path
         name=path.name,
         path=path,
-        context_length=int(model_config.get("max_position_embeddings", 2048)),
+        context_length=served_context_length(model_config),
+        family=str(model_config.get("model_type", "")),
         hidden_size=int(model_config.get("hidden_size", 0)),
         tokenizer=tokenizer,
         chat_template=ChatTemplate(template, tokenizer.special) if template else None,

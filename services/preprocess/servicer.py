@@ -275,6 +275,7 @@ class InferenceServicer(HttpRoutes, api_grpc.InferenceServiceServicer):
                     max_model_len=model.context_length,
                     input_modalities=[wire.MODALITY_ENUMS[m] for m in sorted(model.input_modalities)],
                     numerics=wire.model_numerics(self.runner.numerics),
+                    family=model.family,
                 )
             ],
         )

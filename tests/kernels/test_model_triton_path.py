@@ -13,11 +13,11 @@ import torch
 import transformers
 
 from kernels.dispatch import KernelOps
-from services.generation.models.config import LlamaConfig
+from services.generation.models.config import DecoderConfig
 from services.generation.models.kv_cache import KVCache
 from services.generation.models.llama import StepMetadata, Transformer
 
-CONFIG = LlamaConfig(
+CONFIG = DecoderConfig(
     vocab_size=97, hidden_size=48, intermediate_size=67, num_layers=2, num_heads=6, num_kv_heads=2,
     head_dim=8, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=64, tie_word_embeddings=False,
 )
@@ -29,7 +29,7 @@ N_NEW = 6
 
 def _hf_model() -> transformers.LlamaForCausalLM:
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG.to_hf_dict(), attn_implementation="eager"))
+    model = transformers.AutoModelForCausalLM.from_config(CONFIG.hf_config(attn_implementation="eager"))
     with torch.no_grad():  # HF's init is tiny (std 0.02): widen it so logits are not near-ties
         for p in model.parameters():
             p.mul_(8.0) if p.dim() == 2 else p.add_(0.2 * torch.randn_like(p))

@@ -1,4 +1,5 @@
-"""The architecture of a Llama-family checkpoint, read from GGUF metadata or an HF config.json."""
+"""The architecture of a decoder checkpoint (any family in models/families.py), read from GGUF
+metadata or an HF config.json."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ class CheckpointError(ValueError):
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
+class DecoderConfig:
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -24,6 +25,25 @@ class LlamaConfig:
     tie_word_embeddings: bool
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    family: str = "llama"  # models/families.py: which parts of the decoder are switched on
+    qkv_bias: bool = False  # the family's (Qwen2): q, k and v projections carry a bias
+    qk_norm: bool = False  # the family's (Qwen3): RMSNorm of each q and k head before RoPE
+    # RoPE frequency scaling: HF's "llama3" rope parameters (factor, low_freq_factor, high_freq_factor,
+    # original_max_position_embeddings) as sorted (key, value) pairs, or a GGUF's rope_freqs tensor
+    # (llama.cpp's form of the same thing: one divisor per frequency). kernels/reference/rotary.py.
+    rope_llama3: tuple[tuple[str, float], ...] | None = None
+    rope_freq_factors: tuple[float, ...] | None = None
+    # Attention sees at most this many tokens (Mistral, Qwen with use_sliding_window). Served by
+    # holding every sequence within it (context_length), where the window changes nothing.
+    sliding_window: int | None = None
+
+    @property
+    def context_length(self) -> int:
+        """The longest sequence served: the checkpoint's, or its sliding window when that is shorter
+        (services/common/context_window.py says why)."""
+        if self.sliding_window:
+            return min(self.max_position_embeddings, self.sliding_window)
+        return self.max_position_embeddings
 
     def validate(self, source: str) -> None:
         positive = ["vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"]
@@ -36,10 +56,14 @@ class LlamaConfig:
             )
         if self.head_dim % 2:
             raise CheckpointError(f"{source}: head_dim {self.head_dim} must be even for RoPE")
+        if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:
+            raise CheckpointError(f"{source}: rope_freqs has {len(self.rope_freq_factors)} factors, "
+                                  f"expected head_dim / 2 = {self.head_dim // 2}")
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """HF tensor names and shapes this architecture needs (lm_head only when untied)."""
         h, f, d = self.hidden_size, self.intermediate_size, self.head_dim
+        hq, hk = self.num_heads * d, self.num_kv_heads * d
         shapes = {"model.embed_tokens.weight": (self.vocab_size, h), "model.norm.weight": (h,)}
         if not self.tie_word_embeddings:
             shapes["lm_head.weight"] = (self.vocab_size, h)
@@ -56,11 +80,37 @@ class LlamaConfig:
                 p + "mlp.up_proj.weight": (f, h),
                 p + "mlp.down_proj.weight": (h, f),
             }
+            if self.qkv_bias:
+                shapes |= {p + "self_attn.q_proj.bias": (hq,), p + "self_attn.k_proj.bias": (hk,),
+                           p + "self_attn.v_proj.bias": (hk,)}
+            if self.qk_norm:
+                shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
         return shapes
 
+    def hf_config(self, **overrides):
+        """transformers' config of this architecture (the oracle the parity tests and benchmarks build;
+        transformers is imported only here)."""
+        import transformers
+
+        raw = self.to_hf_dict() | overrides
+        return transformers.AutoConfig.for_model(raw.pop("model_type"), **raw)
+
     def to_hf_dict(self) -> dict:
-        """The same architecture as transformers.LlamaConfig kwargs (used by the parity tests)."""
+        """The same architecture as the family's transformers config kwargs, model_type and
+        architectures included (the parity tests build transformers' model from it)."""
+        from services.generation.models.families import family
+
+        if self.rope_freq_factors is not None:
+            raise ValueError("a GGUF's rope_freqs factors have no transformers config form")
+        rope = {"rope_type": "default", "rope_theta": self.rope_theta}
+        if self.rope_llama3:
+            rope = {**rope, "rope_type": "llama3", **dict(self.rope_llama3)}
         return {
+            "model_type": self.family,
+            "architectures": [family(self.family).hf_architecture],
+            "rope_parameters": rope,
+            "sliding_window": self.sliding_window,
+            "use_sliding_window": self.sliding_window is not None,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -69,7 +119,6 @@ class LlamaConfig:
             "num_key_value_heads": self.num_kv_heads,
             "head_dim": self.head_dim,
             "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
             "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings,
             "bos_token_id": self.bos_token_id,
@@ -80,7 +129,7 @@ class LlamaConfig:
         }
 
 
-def check_state_dict(config: LlamaConfig, state_dict: dict, source: str) -> None:
+def check_state_dict(config: DecoderConfig, state_dict: dict, source: str) -> None:
     """Fail with the first missing or mis-shaped tensor's name."""
     for name, shape in config.expected_shapes().items():
         tensor = state_dict.get(name)

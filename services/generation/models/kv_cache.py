@@ -17,14 +17,14 @@ import mmap
 
 import torch
 
-from services.generation.models.config import LlamaConfig
+from services.generation.models.config import DecoderConfig
 
 
 class KVCache:
     """Separate tensors per layer (not one [L, ...] tensor) so each layer's cache is a whole tensor
     that a compiled graph's in-place cache write can mutate without a view of a larger input."""
 
-    def __init__(self, config: LlamaConfig, num_blocks: int, block_size: int, device, dtype):
+    def __init__(self, config: DecoderConfig, num_blocks: int, block_size: int, device, dtype):
         shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
         self._mappings: list[mmap.mmap] = []  # CPU: each tensor's mapping, in self.k + self.v order
         self.k = [self._zeros(shape, device, dtype) for _ in range(config.num_layers)]

@@ -1,7 +1,7 @@
 """The model's projections and embedding table: dense weights, or a GGUF's own block-quantized codes.
 
-    Dense(w)(x)        = x @ w.T                                   any device / dtype
-    Quantized(w)(x)    = x @ (scale * code + offset).T             CPU, kernels/cpu quant_matmul
+    Dense(w, b)(x)     = x @ w.T (+ b)                             any device / dtype
+    Quantized(w, b)(x) = x @ (scale * code + offset).T (+ b)       CPU, kernels/cpu quant_matmul
     Embedding(...)(ids) = the rows of a dense or quantized table
 
 Quantized keeps the file's codes (4-bit or 8-bit storage, weights/blocks.py) in the kernel's
@@ -22,17 +22,19 @@ from services.generation.models.block_weight import BlockWeight
 
 
 class Dense(nn.Module):
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
         self.register_buffer("weight", weight, persistent=False)  # [N, K]
+        self.register_buffer("bias", bias, persistent=False)  # [N] or None (Qwen2's q/k/v only)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, K] -> [T, N]
-        return F.linear(x, self.weight)
+        return F.linear(x, self.weight, self.bias)
 
 
 class Quantized(nn.Module):
-    def __init__(self, blocks: BlockWeight):
+    def __init__(self, blocks: BlockWeight, bias: torch.Tensor | None = None):
         super().__init__()
+        self.register_buffer("bias", bias, persistent=False)  # [N] fp32 or None
         packed = cpu.pack(blocks.codes, blocks.scale, blocks.offset, blocks.bits)
         self.kind, self.bits, self.rows, self.cols = blocks.kind, packed.bits, packed.rows, packed.cols
         self.register_buffer("codes", packed.codes, persistent=False)
@@ -44,7 +46,8 @@ class Quantized(nn.Module):
         return cpu.PackedWeight(self.codes, self.scale, self.offset, self.bits, self.rows, self.cols)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, K] -> [T, N] in x's dtype
-        return cpu.quant_matmul(x, self.packed).to(x.dtype)
+        out = cpu.quant_matmul(x, self.packed)
+        return (out if self.bias is None else out + self.bias).to(x.dtype)
 
     def rows_of(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, K] fp32, dequantized
         return cpu.dequantize_rows(self.packed, ids)

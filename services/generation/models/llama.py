@@ -1,9 +1,11 @@
-"""A Llama-family decoder over a paged KV cache, read top-down like gpt-fast's model.py.
+"""The decoder of every family in models/families.py over a paged KV cache, read top-down like
+gpt-fast's model.py (Llama's shape; a family switches parts on, marked below).
 
     Transformer: embed -> N x Block -> final RMSNorm (only at the rows that need logits) -> lm_head
     Block:       x + Attention(RMSNorm(x)),  then  x + FeedForward(RMSNorm(x))  (fused add+norm)
-    Attention:   one fused qkv matmul, then KernelOps.attention (RoPE, store K/V in the paged cache,
-                 paged attention: one fused C++ op on CPU), o_proj
+    Attention:   one fused qkv matmul (+ bias: Qwen2), [RMSNorm per q and k head: Qwen3], then
+                 KernelOps.attention (RoPE, store K/V in the paged cache, paged attention: one fused
+                 C++ op on CPU), o_proj
     FeedForward: one fused gate|up matmul, silu(gate) * up, down_proj
     (each matmul is a models/linear.py projection: a dense weight, or the GGUF's block codes)
 
@@ -26,7 +28,7 @@ from torch import nn
 from kernels import cpu
 from kernels.dispatch import KernelOps
 from services.generation.models.block_weight import BlockWeight
-from services.generation.models.config import LlamaConfig, check_state_dict
+from services.generation.models.config import DecoderConfig, check_state_dict
 from services.generation.models.kv_cache import KVCache
 from services.generation.models.linear import Dense, Embedding, Projection, Quantized
 
@@ -44,20 +46,36 @@ class StepMetadata:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: LlamaConfig, ops: KernelOps, qkv_proj: Projection, o_proj: Projection):
+    def __init__(self, config: DecoderConfig, ops: KernelOps, qkv_proj: Projection, o_proj: Projection,
+                 qk_norms: tuple[torch.Tensor, torch.Tensor] | None = None):
         super().__init__()
-        self.ops = ops
-        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.ops, self.eps = ops, config.rms_norm_eps
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         self.scale = config.head_dim**-0.5
         self.qkv_proj = qkv_proj  # H -> (Hq + 2 Hk) D
         self.o_proj = o_proj  # Hq D -> H
+        self.qk_norm = qk_norms is not None
+        if qk_norms is not None:
+            self.register_buffer("q_norm", qk_norms[0], persistent=False)  # [D]
+            self.register_buffer("k_norm", qk_norms[1], persistent=False)  # [D]
 
     def forward(self, x, meta: StepMetadata, cos_sin, k_cache, v_cache) -> torch.Tensor:  # [T, H] -> [T, H]
+        qkv = self.qkv_proj(x)
+        if self.qk_norm:
+            qkv = self._norm_heads(qkv)
         o = self.ops.attention(
-            self.qkv_proj(x), meta.positions, meta.slot_mapping, meta.block_tables, meta.cu_seqlens_q,
+            qkv, meta.positions, meta.slot_mapping, meta.block_tables, meta.cu_seqlens_q,
             meta.context_lens, cos_sin, k_cache, v_cache, self.num_heads, self.num_kv_heads, self.scale,
         )  # [T, Hq D]
         return self.o_proj(o)
+
+    def _norm_heads(self, qkv: torch.Tensor) -> torch.Tensor:
+        """Qwen3's QK-norm: each q and k head [D] RMS-normalized (its own weight) before RoPE."""
+        t, d = qkv.shape[0], self.head_dim
+        q, k, v = qkv.split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
+        q = self.ops.rms_norm(q.reshape(t * self.num_heads, d), self.q_norm, self.eps)
+        k = self.ops.rms_norm(k.reshape(t * self.num_kv_heads, d), self.k_norm, self.eps)
+        return torch.cat([q.view(t, -1), k.view(t, -1), v], dim=-1)
 
 
 class FeedForward(nn.Module):
@@ -72,7 +90,7 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: LlamaConfig, ops: KernelOps, attention: Attention, ffn: FeedForward, norms):
+    def __init__(self, config: DecoderConfig, ops: KernelOps, attention: Attention, ffn: FeedForward, norms):
         super().__init__()
         self.ops, self.eps = ops, config.rms_norm_eps
         self.attention, self.ffn = attention, ffn
@@ -91,7 +109,7 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, config: LlamaConfig, ops: KernelOps, tensors: dict[str, torch.Tensor], device, dtype,
+    def __init__(self, config: DecoderConfig, ops: KernelOps, tensors: dict[str, torch.Tensor], device, dtype,
                  blocks: dict[str, BlockWeight] | None = None, quantized: bool = False):
         """Fuse, cast and move the HF-named weights (checked first, so errors name the tensor).
 
@@ -110,10 +128,14 @@ class Transformer(nn.Module):
         def w(name: str) -> torch.Tensor:
             return dense(name).to(device=device, dtype=dtype).contiguous()
 
-        def linear(*names: str) -> Projection:  # one projection from the rows of these weights
+        def linear(*names: str, bias: bool = False) -> Projection:  # one projection from these weights' rows
+            b = None
+            if bias:  # the weights' biases, concatenated as their rows are
+                b = torch.cat([dense(n.removesuffix("weight") + "bias") for n in names]).to(device=device)
             if quantized and all(n in blocks for n in names):
-                return Quantized(BlockWeight.cat([blocks[n] for n in names]))
-            return Dense(torch.cat([dense(n) for n in names], dim=0).to(device=device, dtype=dtype).contiguous())
+                return Quantized(BlockWeight.cat([blocks[n] for n in names]), None if b is None else b.float())
+            weight = torch.cat([dense(n) for n in names], dim=0).to(device=device, dtype=dtype).contiguous()
+            return Dense(weight, None if b is None else b.to(dtype))
 
         table = linear("model.embed_tokens.weight")  # [V, H]
         self.embed = Embedding(table, dtype)
@@ -125,14 +147,18 @@ class Transformer(nn.Module):
             attn = Attention(
                 config,
                 ops,
-                linear(p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"),
+                linear(p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight",
+                       bias=config.qkv_bias),
                 linear(p + "self_attn.o_proj.weight"),
+                (w(p + "self_attn.q_norm.weight"), w(p + "self_attn.k_norm.weight")) if config.qk_norm else None,
             )
             ffn = FeedForward(ops, linear(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), linear(p + "mlp.down_proj.weight"))
             norms = (w(p + "input_layernorm.weight"), w(p + "post_attention_layernorm.weight"))
             layers.append(Block(config, ops, attn, ffn, norms))
         self.blocks = nn.ModuleList(layers)
-        cos_sin = ops.build_cos_sin_cache(config.head_dim, config.max_position_embeddings, config.rope_theta, device=device)
+        cos_sin = ops.build_cos_sin_cache(config.head_dim, config.context_length, config.rope_theta, device=device,
+                                          llama3=dict(config.rope_llama3 or {}) or None,
+                                          freq_factors=config.rope_freq_factors)
         self.register_buffer("cos_sin", cos_sin, persistent=False)  # [max_pos, D] fp32
 
     def forward(self, input_ids: torch.Tensor, meta: StepMetadata, kv_cache: KVCache) -> torch.Tensor:

@@ -8,7 +8,7 @@ from functools import cached_property
 import torch
 
 from services.generation.models.block_weight import BlockWeight
-from services.generation.models.config import LlamaConfig
+from services.generation.models.config import DecoderConfig
 from services.generation.weights.vocabulary import Vocabulary
 
 
@@ -16,7 +16,7 @@ from services.generation.weights.vocabulary import Vocabulary
 class Checkpoint:
     name: str  # for logs and ListModels
     source: str  # the file or directory it came from
-    config: LlamaConfig
+    config: DecoderConfig
     tensors: dict[str, torch.Tensor]  # HF names, fp32, HF layout (q/k permutation undone)
     # GGUF only: the block-quantized weights as the file's codes (weights/blocks.py), same names and
     # layout; a name is in exactly one of tensors and blocks.

@@ -1,11 +1,12 @@
-"""Load a llama.cpp GGUF file: HF-named weights, block-quantized ones kept as the file's codes.
+"""Load a llama.cpp GGUF file (families.py: "llama", "qwen2", "qwen3"): HF-named weights,
+block-quantized ones kept as the file's codes.
 
 Tensors of the types in weights/blocks.py (Q4_0/1, Q4_K, Q5_0/1, Q5_K, Q8_0) are kept as
 ``BlockWeight`` codes (Checkpoint.blocks): decoding them is a reshape, and whether they are served
 as codes or dequantized is the runner's choice. Every other tensor (F32 norms, Q6_K, ...) is
 dequantized to fp32 (Checkpoint.tensors). GGUF lists dimensions fastest-first, so a tensor is
 reshaped with its shape reversed.
-llama.cpp stores the rows of attn_q / attn_k permuted for its interleaved RoPE; HF Llama uses the
+llama.cpp stores the rows of a "llama" GGUF's attn_q / attn_k permuted for its interleaved RoPE; HF uses the
 "rotate_half" layout, so the permutation is undone here (see shared notes/model.md): the rows of
 each head are viewed as (rows/2, 2) pairs and transposed back to (2, rows/2).
 """
@@ -17,8 +18,10 @@ import os
 import numpy as np
 import torch
 
+from services.common.context_window import gguf_sliding_window
+from services.generation.models import families
 from services.generation.models.block_weight import BlockWeight
-from services.generation.models.config import CheckpointError, LlamaConfig, check_state_dict
+from services.generation.models.config import CheckpointError, DecoderConfig, check_state_dict
 from services.generation.weights.blocks import decode_gguf_blocks
 from services.generation.weights.checkpoint import Checkpoint
 from services.generation.weights.gguf_file import GGUFFile, GGUFTensor
@@ -32,6 +35,8 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3
+    "attn_k_norm": "self_attn.k_norm",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
@@ -81,36 +86,43 @@ def _field(reader: GGUFFile, key: str, default=None, required: bool = True):
     return value
 
 
-def _read_config(reader: GGUFFile, path: str) -> LlamaConfig:
-    arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise CheckpointError(f"{path}: general.architecture is {arch!r}; only 'llama' is supported")
+def _read_config(reader: GGUFFile, path: str) -> tuple[DecoderConfig, families.Family]:
+    arch = str(_field(reader, "general.architecture"))
+    fam = families.from_gguf_architecture(arch, path)
     names = {t.name for t in reader.tensors}
     embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embd is None:
         raise CheckpointError(f"{path}: missing tensor token_embd.weight")
-    hidden = int(_field(reader, "llama.embedding_length"))
-    heads = int(_field(reader, "llama.attention.head_count"))
-    if _field(reader, "llama.rope.scaling.type", required=False) not in (None, "none"):
-        raise CheckpointError(f"{path}: llama.rope.scaling.type is not supported")
+    hidden = int(_field(reader, f"{arch}.embedding_length"))
+    heads = int(_field(reader, f"{arch}.attention.head_count"))
+    if _field(reader, f"{arch}.rope.scaling.type", required=False) not in (None, "none"):
+        raise CheckpointError(f"{path}: {arch}.rope.scaling.type is not supported")
     eos = _field(reader, "tokenizer.ggml.eos_token_id", required=False)
-    config = LlamaConfig(
-        vocab_size=int(_field(reader, "llama.vocab_size", required=False) or int(embd.dims[1])),
+    rope_freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    config = DecoderConfig(
+        vocab_size=int(_field(reader, f"{arch}.vocab_size", required=False) or int(embd.dims[1])),
         hidden_size=hidden,
-        intermediate_size=int(_field(reader, "llama.feed_forward_length")),
-        num_layers=int(_field(reader, "llama.block_count")),
+        intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
+        num_layers=int(_field(reader, f"{arch}.block_count")),
         num_heads=heads,
-        num_kv_heads=int(_field(reader, "llama.attention.head_count_kv", default=heads)),
-        head_dim=int(_field(reader, "llama.rope.dimension_count", default=hidden // heads)),
-        rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
-        rope_theta=float(_field(reader, "llama.rope.freq_base", default=10000.0)),
-        max_position_embeddings=int(_field(reader, "llama.context_length")),
+        num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", default=heads)),
+        head_dim=int(_field(reader, f"{arch}.attention.key_length", required=False)
+                     or _field(reader, f"{arch}.rope.dimension_count", default=hidden // heads)),
+        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", default=10000.0)),
+        max_position_embeddings=int(_field(reader, f"{arch}.context_length")),
         tie_word_embeddings="output.weight" not in names,
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id", required=False),
         eos_token_ids=(int(eos),) if eos is not None else (),
+        family=fam.name,
+        qkv_bias=fam.qkv_bias,
+        qk_norm=fam.qk_norm,
+        # Llama 3.x: llama.cpp's converter writes the "llama3" scaling as one divisor per frequency
+        rope_freq_factors=tuple(_dequantize(rope_freqs).tolist()) if rope_freqs is not None else None,
+        sliding_window=gguf_sliding_window(reader.fields, arch),
     )
     config.validate(path)
-    return config
+    return config, fam
 
 
 _FLOATS = {"F32": np.float32, "F16": np.float16}
@@ -137,20 +149,20 @@ def load_gguf(path: str) -> Checkpoint:
         reader = GGUFFile(path)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{path}: not a readable GGUF file ({e})") from e
-    config = _read_config(reader, path)
+    config, fam = _read_config(reader, path)
     tensors: dict[str, torch.Tensor] = {}
     blocks: dict[str, BlockWeight] = {}
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
         if name is None:
-            continue  # e.g. rope_freqs: derived data the model recomputes
+            continue  # rope_freqs is read into the config (_read_config); nothing else is skipped
         kept = None
         if len(tensor.dims) == 2:
             kept = decode_gguf_blocks(tensor.kind, tensor.data, tensor.dims[1], tensor.dims[0])
-        heads = None  # q and k rows come in llama.cpp's RoPE order
-        if name.endswith("q_proj.weight"):
+        heads = None  # q and k rows come in llama.cpp's RoPE order ("llama" GGUFs only: families.py)
+        if fam.gguf_qk_permuted and name.endswith("q_proj.weight"):
             heads = config.num_heads
-        elif name.endswith("k_proj.weight"):
+        elif fam.gguf_qk_permuted and name.endswith("k_proj.weight"):
             heads = config.num_kv_heads
         if kept is not None:
             blocks[name] = kept if heads is None else kept.map_rows(lambda t, h=heads: unpermute_qk(t, h))

@@ -1,4 +1,5 @@
-"""Random-weight checkpoints of any Llama shape, for tests, smoke runs and transport benchmarks.
+"""Random-weight checkpoints of any family's shape (models/families.py), for tests, smoke runs and
+transport benchmarks.
 
 ``save_hf_dir`` writes config.json + model.safetensors and ``save_gguf`` a llama.cpp GGUF (linear
 weights quantized to Q4_0/Q4_1, q/k rows in llama.cpp's order), so a random model goes through the
@@ -12,11 +13,11 @@ import os
 
 import torch
 
-from services.generation.models.config import LlamaConfig
+from services.generation.models.config import DecoderConfig
 from services.generation.weights.checkpoint import Checkpoint
 from services.generation.weights.vocabulary import RAW, Vocabulary
 
-TINY = LlamaConfig(
+TINY = DecoderConfig(
     vocab_size=512,
     hidden_size=64,
     intermediate_size=128,
@@ -55,16 +56,18 @@ def synthetic_vocabulary(vocab_size: int) -> Vocabulary:
     return Vocabulary(tokens, RAW, frozenset(range(len(_CONTROL))))
 
 
-def random_checkpoint(config: LlamaConfig = TINY, seed: int = 0, std: float = 0.3) -> Checkpoint:
+def random_checkpoint(config: DecoderConfig = TINY, seed: int = 0, std: float = 0.3) -> Checkpoint:
     """Weights ~ N(0, std) (norm weights ~ 1 + noise): peaked enough that greedy argmax is stable."""
     g = torch.Generator().manual_seed(seed)
     state_dict = {}
     for name, shape in config.expected_shapes().items():
-        if name.endswith("norm.weight"):
+        if name.endswith(".bias"):
+            state_dict[name] = 0.1 * torch.randn(shape, generator=g)
+        elif name.endswith("norm.weight"):
             state_dict[name] = 1.0 + 0.1 * torch.randn(shape, generator=g)
         else:
             state_dict[name] = std * torch.randn(shape, generator=g)
-    return Checkpoint(name="random-llama", source="random", config=config, tensors=state_dict,
+    return Checkpoint(name=f"random-{config.family}", source="random", config=config, tensors=state_dict,
                       vocabulary=synthetic_vocabulary(config.vocab_size))
 
 
@@ -72,7 +75,7 @@ def save_hf_dir(checkpoint: Checkpoint, directory: str) -> str:
     from safetensors.torch import save_file
 
     os.makedirs(directory, exist_ok=True)
-    raw = checkpoint.config.to_hf_dict() | {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
+    raw = checkpoint.config.to_hf_dict()
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(raw, f, indent=1)
     tensors = {k: v.contiguous() for k, v in checkpoint.state_dict.items()}
@@ -81,14 +84,18 @@ def save_hf_dir(checkpoint: Checkpoint, directory: str) -> str:
 
 
 def save_gguf(checkpoint: Checkpoint, path: str, linear_type: str = "Q4_1") -> str:
-    """Write a llama GGUF: 2-D projection weights as linear_type, everything else F32."""
+    """Write a GGUF as llama.cpp's converter does for the checkpoint's family: 2-D projection weights
+    as linear_type, everything else F32, q/k rows permuted for "llama" files, Llama 3 scaling as rope_freqs."""
     import gguf
     from gguf.quants import quantize
 
+    from kernels.reference.rotary import llama3_freq_factors
+    from services.generation.models.families import family
     from services.generation.weights.gguf import gguf_name, permute_qk
 
     c = checkpoint.config
-    writer = gguf.GGUFWriter(path, "llama")
+    fam = family(c.family)
+    writer = gguf.GGUFWriter(path, fam.gguf_architecture)
     writer.add_block_count(c.num_layers)
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
@@ -98,15 +105,20 @@ def save_gguf(checkpoint: Checkpoint, path: str, linear_type: str = "Q4_1") -> s
     writer.add_rope_dimension_count(c.head_dim)
     writer.add_rope_freq_base(c.rope_theta)
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    if c.sliding_window:
+        writer.add_sliding_window(c.sliding_window)
     if c.bos_token_id is not None:
         writer.add_bos_token_id(c.bos_token_id)
     if c.eos_token_ids:
         writer.add_eos_token_id(c.eos_token_ids[0])
+    if c.rope_llama3:
+        factors = llama3_freq_factors(c.head_dim, c.rope_theta, **dict(c.rope_llama3))
+        writer.add_tensor("rope_freqs.weight", torch.tensor(factors, dtype=torch.float32).numpy())
     kind = gguf.GGMLQuantizationType[linear_type]
     for name, w in checkpoint.state_dict.items():
-        if name.endswith("q_proj.weight"):
+        if fam.gguf_qk_permuted and name.endswith("q_proj.weight"):
             w = permute_qk(w, c.num_heads)
-        elif name.endswith("k_proj.weight"):
+        elif fam.gguf_qk_permuted and name.endswith("k_proj.weight"):
             w = permute_qk(w, c.num_kv_heads)
         data = w.float().contiguous().numpy()
         if ".layers." in name and w.dim() == 2:

@@ -1,4 +1,5 @@
-"""Load a Hugging Face Llama directory: config.json + model.safetensors (or a sharded index)."""
+"""Load a Hugging Face directory of any family in models/families.py: config.json + model.safetensors
+(or a sharded index)."""
 
 from __future__ import annotations
 
@@ -7,27 +8,44 @@ import os
 
 import torch
 
-from services.generation.models.config import CheckpointError, LlamaConfig, check_state_dict
+from services.common.context_window import sliding_window_of
+from services.generation.models import families
+from services.generation.models.config import CheckpointError, DecoderConfig, check_state_dict
 from services.generation.weights.checkpoint import Checkpoint
 from services.generation.weights.vocabulary import vocabulary_from_tokenizer_json
 
-_ARCHITECTURES = {"LlamaForCausalLM"}
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
-def _read_config(directory: str) -> LlamaConfig:
+def _rope(raw: dict, path: str) -> tuple[float, tuple[tuple[str, float], ...] | None]:
+    """(theta, llama3 scaling or None) from transformers 5's rope_parameters or the older
+    rope_theta + rope_scaling; any other RoPE type is refused naming it."""
+    params = {**(raw.get("rope_parameters") or {}), **(raw.get("rope_scaling") or {})}  # either, or both
+    theta = float(params.get("rope_theta") or raw.get("rope_theta") or 10000.0)
+    kind = params.get("type") or params.get("rope_type") or "default"  # "type": configs before transformers 4.45
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise CheckpointError(f"{path}: rope type {kind!r} is not supported (default and llama3 are)")
+    try:
+        return theta, tuple(sorted((k, int(params[k]) if k.startswith("original") else float(params[k]))
+                                   for k in _LLAMA3_KEYS))
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: llama3 rope scaling needs {', '.join(_LLAMA3_KEYS)} ({e})") from e
+
+
+def _read_config(directory: str) -> DecoderConfig:
     path = os.path.join(directory, "config.json")
     try:
         with open(path) as f:
             raw = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: cannot read config ({e})") from e
-    model_type = raw.get("model_type")
-    archs = set(raw.get("architectures") or ["LlamaForCausalLM"])
-    if model_type != "llama" or not archs <= _ARCHITECTURES:
-        raise CheckpointError(f"{path}: model_type {model_type!r} / architectures {sorted(archs)} unsupported; need llama")
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path}: not a JSON object")
+    fam = families.from_hf_config(raw, path)
     for name, ok in [
-        ("rope_scaling", raw.get("rope_scaling") is None),
-        ("attention_bias", not raw.get("attention_bias", False)),
+        ("attention_bias", not raw.get("attention_bias", False) or fam.qkv_bias),
         ("mlp_bias", not raw.get("mlp_bias", False)),
         ("hidden_act", raw.get("hidden_act", "silu") == "silu"),
     ]:
@@ -36,7 +54,8 @@ def _read_config(directory: str) -> LlamaConfig:
     try:
         heads = int(raw["num_attention_heads"])
         eos = raw.get("eos_token_id")
-        config = LlamaConfig(
+        theta, llama3 = _rope(raw, path)
+        config = DecoderConfig(
             vocab_size=int(raw["vocab_size"]),
             hidden_size=int(raw["hidden_size"]),
             intermediate_size=int(raw["intermediate_size"]),
@@ -45,14 +64,21 @@ def _read_config(directory: str) -> LlamaConfig:
             num_kv_heads=int(raw.get("num_key_value_heads") or heads),
             head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(raw.get("rope_theta", 10000.0)),
+            rope_theta=theta,
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+            family=fam.name,
+            qkv_bias=fam.qkv_bias,
+            qk_norm=fam.qk_norm,
+            rope_llama3=llama3,
+            sliding_window=sliding_window_of(raw),
         )
     except KeyError as e:
         raise CheckpointError(f"{path}: missing field {e.args[0]}") from e
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: {e}") from e
     config.validate(path)
     return config
 

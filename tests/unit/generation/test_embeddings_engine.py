@@ -39,8 +39,7 @@ def pooling_engine(checkpoint, pooling, num_blocks=128, block_size=4, max_num_ba
 
 
 def hf_base_model(checkpoint):
-    config = transformers.LlamaConfig(**checkpoint.config.to_hf_dict())
-    model = transformers.LlamaModel(config).eval()
+    model = transformers.AutoModel.from_config(checkpoint.config.hf_config()).eval()
     weights = {k.removeprefix("model."): v for k, v in checkpoint.state_dict.items() if k.startswith("model.")}
     missing, unexpected = model.load_state_dict(weights, strict=False)
     assert not missing and not unexpected

@@ -6,11 +6,11 @@ from __future__ import annotations
 import psutil
 import torch
 
-from services.generation.models.config import LlamaConfig
+from services.generation.models.config import DecoderConfig
 from services.generation.models.kv_cache import KVCache
 
 # 8 layers x K and V x 256 blocks x 16 tokens x 4 heads x 64 x 4 bytes = 64 MiB in all.
-CONFIG = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=512, num_layers=8, num_heads=4,
+CONFIG = DecoderConfig(vocab_size=64, hidden_size=256, intermediate_size=512, num_layers=8, num_heads=4,
                      num_kv_heads=4, head_dim=64, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=4096,
                      tie_word_embeddings=True)
 BLOCK_BYTES = 16 * 4 * 64 * 4
@@ -62,7 +62,7 @@ def test_released_blocks_give_their_pages_back_and_read_as_zero():
 
 
 def test_a_page_shared_with_a_kept_block_is_not_released():
-    small = LlamaConfig(**{**CONFIG.__dict__, "num_kv_heads": 2, "head_dim": 96})  # 6 KiB bf16 blocks
+    small = DecoderConfig(**{**CONFIG.__dict__, "num_kv_heads": 2, "head_dim": 96})  # 6 KiB bf16 blocks
     cache = KVCache(small, num_blocks=64, block_size=16, device="cpu", dtype=torch.bfloat16)
     for t in cache.k + cache.v:
         t.fill_(1.0)

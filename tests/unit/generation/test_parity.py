@@ -15,8 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 
 def hf_model(checkpoint):
-    config = transformers.LlamaConfig(**checkpoint.config.to_hf_dict())
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = transformers.AutoModelForCausalLM.from_config(checkpoint.config.hf_config()).eval()
     missing, unexpected = model.load_state_dict(checkpoint.state_dict, strict=False)
     assert not unexpected and all("lm_head" in m for m in missing)  # tied models have no lm_head
     return model

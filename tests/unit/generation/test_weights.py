@@ -67,7 +67,7 @@ def test_missing_and_misshaped_tensors_are_named(tmp_path, tiny_checkpoint):
 def test_unsupported_architecture_is_named(tmp_path, tiny_checkpoint):
     d = save_hf_dir(random_checkpoint(), str(tmp_path / "arch"))
     raw = json.loads(open(os.path.join(d, "config.json")).read())
-    for change, field in (({"model_type": "gpt2"}, "model_type"), ({"rope_scaling": {"type": "yarn"}}, "rope_scaling")):
+    for change, field in (({"model_type": "gpt2"}, "model_type"), ({"rope_scaling": {"type": "yarn"}}, "rope type 'yarn'")):
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(raw | change, f)
         with pytest.raises(CheckpointError, match=field):

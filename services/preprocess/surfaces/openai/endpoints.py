@@ -122,7 +122,8 @@ async def _serve(spec: RequestSpec, body, runs: RunScope, *, chat: bool, logprob
 def model_object(runs: RunScope, created: int) -> dict:
     model = runs.runner.model
     obj = {"id": model.name, "object": "model", "created": created, "owned_by": "mstar",
-           "max_model_len": model.context_length, "input_modalities": sorted(model.input_modalities)}
+           "max_model_len": model.context_length, "input_modalities": sorted(model.input_modalities),
+           "family": model.family}
     if runs.runner.numerics:  # how the generation backend computes; absent until one has connected
         obj["numerics"] = dict(runs.runner.numerics)
     return obj

@@ -1,0 +1,71 @@
+"""The model families mstar serves: ONE registry, read by both loaders (HF directories and GGUF files).
+
+Every family here is a pre-norm decoder with grouped-query attention, RoPE and a SwiGLU MLP, so
+one model definition (models/llama.py) serves them all; a family only switches parts on:
+
+    llama    LlamaForCausalLM    GGUF "llama"   plain; Llama 3.x adds "llama3" RoPE scaling (rope.py)
+    mistral  MistralForCausalLM  GGUF "llama"   a sliding window (served within it: context_window.py)
+    qwen2    Qwen2ForCausalLM    GGUF "qwen2"   a bias on the q, k and v projections
+    qwen3    Qwen3ForCausalLM    GGUF "qwen3"   RMSNorm of each q and k head before RoPE (QK-norm)
+
+llama.cpp's converter writes Mistral checkpoints as architecture "llama", so a GGUF names only three
+families. It permutes the q/k rows of "llama" GGUFs for its interleaved RoPE and leaves Qwen's in HF
+order (both use HF's rotate-half RoPE in the end), hence ``gguf_qk_permuted``.
+Anything else is refused at start-up naming the checkpoint's declared architecture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.generation.models.config import CheckpointError
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # HF model_type; what /v1/models reports as the family
+    hf_architecture: str  # config.json "architectures"; the transformers class the parity tests build
+    gguf_architecture: str  # GGUF general.architecture
+    qkv_bias: bool  # q, k and v projections carry a bias (o_proj never does here)
+    qk_norm: bool  # RMSNorm over each q and k head (weights [D]) before RoPE
+    gguf_qk_permuted: bool  # llama.cpp stored the q/k rows in its interleaved-RoPE order
+
+
+FAMILIES = {
+    f.name: f
+    for f in (
+        Family("llama", "LlamaForCausalLM", "llama", qkv_bias=False, qk_norm=False, gguf_qk_permuted=True),
+        Family("mistral", "MistralForCausalLM", "llama", qkv_bias=False, qk_norm=False, gguf_qk_permuted=True),
+        Family("qwen2", "Qwen2ForCausalLM", "qwen2", qkv_bias=True, qk_norm=False, gguf_qk_permuted=False),
+        Family("qwen3", "Qwen3ForCausalLM", "qwen3", qkv_bias=False, qk_norm=True, gguf_qk_permuted=False),
+    )
+}
+_BY_HF_ARCHITECTURE = {f.hf_architecture: f for f in FAMILIES.values()}
+_BY_GGUF_ARCHITECTURE = {f.gguf_architecture: f for f in FAMILIES.values() if f.name != "mistral"}
+
+
+def family(name: str) -> Family:
+    return FAMILIES[name]
+
+
+def from_hf_config(raw: dict, source: str) -> Family:
+    """The family a config.json declares (architectures, else model_type); CheckpointError naming it otherwise."""
+    archs = raw.get("architectures") or []
+    model_type = raw.get("model_type")
+    found = {_BY_HF_ARCHITECTURE.get(a) for a in archs} if archs else {FAMILIES.get(model_type)}
+    if None in found or len(found) != 1:
+        declared = f"architectures {archs}" if archs else f"model_type {model_type!r}"
+        raise CheckpointError(f"{source}: {declared} is not supported; mstar serves "
+                              + ", ".join(f.hf_architecture for f in FAMILIES.values()))
+    (fam,) = found
+    if model_type is not None and model_type != fam.name:
+        raise CheckpointError(f"{source}: model_type {model_type!r} does not match architectures {archs}")
+    return fam
+
+
+def from_gguf_architecture(arch: str, source: str) -> Family:
+    fam = _BY_GGUF_ARCHITECTURE.get(arch)
+    if fam is None:
+        raise CheckpointError(f"{source}: general.architecture is {arch!r}; mstar serves "
+                              + ", ".join(sorted(_BY_GGUF_ARCHITECTURE)))
+    return fam
