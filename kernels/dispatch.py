@@ -37,6 +37,8 @@ BACKEND_REFERENCE = "reference"
 BACKEND_CPU = "cpu"
 BACKEND_TRITON = "triton"
 BACKENDS = ("auto", BACKEND_CPU, BACKEND_REFERENCE, BACKEND_TRITON)
+SLIDING_WINDOW_UNSUPPORTED = ("sliding-window attention runs on the cpu and reference kernels; the Triton paged "
+                              "attention kernel has no window yet (a model with windowed layers cannot serve on CUDA)")
 
 
 def _triton_impls() -> dict[str, Callable]:
@@ -142,7 +144,10 @@ class KernelOps:
         return build_cos_sin_cache(head_dim, max_positions, theta, device, dtype, llama3, freq_factors)
 
     def supports(self, op: str) -> bool:
-        """Whether this backend runs op: every op runs on every backend but decoder_stack ("cpu" only)."""
+        """Whether this backend runs op: every op runs on every backend but decoder_stack ("cpu" only)
+        and sliding-window attention (the cpu and reference kernels; not yet the Triton kernel)."""
+        if op == "sliding_window":
+            return self.backend != BACKEND_TRITON
         return op != "decoder_stack" or "decoder_stack" in self._impl
 
     def rms_norm(
@@ -185,7 +190,13 @@ class KernelOps:
         cu_seqlens_q: torch.Tensor,  # [B + 1] int32
         context_lens: torch.Tensor,  # [B] int32
         scale: float,
+        window: int = 0,  # > 0: each row sees only its last `window` keys (sliding-window layers)
     ) -> torch.Tensor:  # [T, Hq, D]
+        if window:
+            if not self.supports("sliding_window"):
+                raise NotImplementedError(SLIDING_WINDOW_UNSUPPORTED)
+            return self._impl["paged_attention"](q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+                                                 window)
         return self._impl["paged_attention"](q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
 
     def attention(
@@ -202,12 +213,13 @@ class KernelOps:
         num_heads: int,
         num_kv_heads: int,
         scale: float,
+        window: int = 0,  # > 0: each row sees only its last `window` keys
     ) -> torch.Tensor:  # [T, Hq D]
         """One layer's attention: RoPE on q and k, store k and v in the cache, paged causal attention."""
         fused = self._impl.get("attention")
         if fused is not None:
             return fused(qkv.contiguous(), positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_tables,
-                         cu_seqlens_q, context_lens, num_heads, num_kv_heads, scale)
+                         cu_seqlens_q, context_lens, num_heads, num_kv_heads, scale, window)
         t, head_dim = qkv.shape[0], k_cache.shape[-1]
         q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
         q = q.view(t, num_heads, head_dim)  # [T, Hq, D] (strided views into qkv)
@@ -215,7 +227,8 @@ class KernelOps:
         v = v.view(t, num_kv_heads, head_dim)  # [T, Hk, D]
         self.apply_rotary(q, k, positions, cos_sin_cache)
         self.store_kv(k, v, k_cache, v_cache, slot_mapping)
-        o = self.paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)  # [T, Hq, D]
+        o = self.paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+                                 window)  # [T, Hq, D]
         return o.reshape(t, num_heads * head_dim)
 
     def sample(

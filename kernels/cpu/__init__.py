@@ -4,8 +4,9 @@
         activations x GGUF block-quantized weights (packing.py): x is quantized per 32-wide block
         to int8 and multiplied with the weight's 4- or 8-bit codes in integer arithmetic (VNNI).
     attention(qkv [T, (Hq + 2 Hk) D], positions, cos_sin, k_cache, v_cache, slot_mapping,
-              block_tables, cu_seqlens_q, context_lens, num_heads, num_kv_heads, scale) -> [T, Hq D]
-        one layer's RoPE + KV-cache write + paged causal attention in one call.
+              block_tables, cu_seqlens_q, context_lens, num_heads, num_kv_heads, scale, window=0) -> [T, Hq D]
+        one layer's RoPE + KV-cache write + paged causal attention in one call (window > 0: each
+        row sees its last `window` keys only).
     dequantize_rows(w: PackedWeight, ids [T]) -> [T, K] fp32
         rows of a packed weight, dequantized (a quantized embedding's lookups); oracle:
         packing.unpack_rows (the same two roundings, bit for bit).
@@ -53,7 +54,7 @@ def ensure_loaded() -> None:
 
     @torch.library.register_fake("mstar_cpu::attention")
     def _attention_fake(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables, cu_seqlens_q,
-                        context_lens, num_heads, num_kv_heads, scale):
+                        context_lens, num_heads, num_kv_heads, scale, window=0):
         return qkv.new_empty((qkv.shape[0], num_heads * k_cache.shape[-1]))
 
     @torch.library.register_fake("mstar_cpu::dequantize_rows")
@@ -92,9 +93,10 @@ def attention(
     num_heads: int,
     num_kv_heads: int,
     scale: float,
+    window: int = 0,  # > 0: a row sees only its last `window` keys (sliding-window layers)
 ) -> torch.Tensor:  # [T, Hq D] in qkv's dtype
     return torch.ops.mstar_cpu.attention(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables,
-                                         cu_seqlens_q, context_lens, num_heads, num_kv_heads, scale)
+                                         cu_seqlens_q, context_lens, num_heads, num_kv_heads, scale, window)
 
 
 def dequantize_rows(w: PackedWeight, ids: torch.Tensor) -> torch.Tensor:  # [T] int64 -> [T, K] fp32

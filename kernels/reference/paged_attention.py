@@ -3,7 +3,9 @@
 Sequence i owns query rows cu_seqlens_q[i]:cu_seqlens_q[i+1] (q_len_i of them); they are the LAST
 q_len_i positions of its context_lens[i] keys, all already in the paged cache. Key n of sequence i
 lives at cache[block_tables[i, n // BS], n % BS]. Query row r (0-based within the sequence) sits at
-position p = context_len - q_len + r and attends keys 0..p (causal):
+position p = context_len - q_len + r and attends keys 0..p (causal), or with a sliding window W > 0
+(Mistral, Qwen's windowed layers, Gemma 3's local layers) only the last W of them, p - W < n <= p
+(transformers' sliding-window mask):
 
     out[t, h] = softmax_n(scale * q[t, h] . k[n, h // G]) @ v[:, h // G],   G = Hq // Hk  (GQA)
 
@@ -38,6 +40,7 @@ def paged_attention_ref(
     cu_seqlens_q: torch.Tensor,  # [B + 1] int32
     context_lens: torch.Tensor,  # [B] int32
     scale: float,
+    window: int = 0,  # > 0: a row sees only its last `window` keys
 ) -> torch.Tensor:  # [T, Hq, D]
     out = torch.zeros_like(q)
     cu, ctx = cu_seqlens_q.tolist(), context_lens.tolist()
@@ -50,9 +53,14 @@ def paged_attention_ref(
         v = gather_context(v_cache, block_tables[i], n_ctx).to(q.dtype)[None]
         qi = q[q0:q1].transpose(0, 1)[None]  # [1, Hq, q_len, D]
         mask, causal = None, q_len > 1 and q_len == n_ctx  # a whole prompt: plain causal, like HF
-        if 1 < q_len < n_ctx:  # a later chunk: row r sees keys 0 .. n_ctx - q_len + r
+        windowed = 0 < window < n_ctx  # some key falls outside some row's window
+        if 1 < q_len < n_ctx or windowed:  # a later chunk: row r sees keys 0 .. n_ctx - q_len + r
             pos = torch.arange(n_ctx - q_len, n_ctx, device=q.device)
-            mask = torch.arange(n_ctx, device=q.device)[None, :] <= pos[:, None]  # [q_len, ctx]
+            keys = torch.arange(n_ctx, device=q.device)[None, :]
+            mask = keys <= pos[:, None]  # [q_len, ctx]
+            if windowed:
+                mask &= keys > pos[:, None] - window
+            causal = False
         oi = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale, is_causal=causal,
                                             enable_gqa=q.shape[1] != k.shape[1])
         out[q0:q1] = oi[0].transpose(0, 1)

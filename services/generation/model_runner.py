@@ -85,7 +85,7 @@ class ModelRunner:
             torch.set_num_threads(config.num_threads or default_threads())
         self.ops = KernelOps.create(self.device, backend=self.numerics.kernels)
         self.block_size = config.block_size
-        self.max_blocks = -(-checkpoint.config.context_length // config.block_size)
+        self.max_blocks = -(-checkpoint.config.max_position_embeddings // config.block_size)
         with torch.inference_mode():
             self.model = Transformer(checkpoint.config, self.ops, checkpoint.tensors, self.device, self.dtype,
                                      checkpoint.blocks, quantized=self.numerics.quantized)
@@ -122,7 +122,7 @@ class ModelRunner:
 
     @property
     def max_model_len(self) -> int:
-        return self.model_config.context_length
+        return self.model_config.max_position_embeddings
 
     @property
     def hidden_size(self) -> int:

@@ -13,7 +13,6 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from services.common.context_window import gguf_served_context_length, served_context_length
 from services.preprocess.chat_template import ChatTemplate
 from services.preprocess.tokenizer import Tokenizer, TokenizerError
 
@@ -69,8 +68,7 @@ def read_gguf_metadata(path: Path) -> dict:
     reader = GGUFReader(str(path))
     out: dict = {}
     for key, value in reader.fields.items():
-        if key.startswith(("tokenizer.", "general.")) or key.endswith((".context_length", ".embedding_length",
-                                                                                 ".attention.sliding_window")):
+        if key.startswith(("tokenizer.", "general.")) or key.endswith((".context_length", ".embedding_length")):
             out[key] = value.contents()
     return out
 
@@ -97,7 +95,7 @@ def _from_gguf(path: Path) -> ModelSpec:
         aliases=_hf_repo(repo),
         name=_model_name(meta.get("general.name"), path),
         path=path,
-        context_length=gguf_served_context_length(meta, arch),
+        context_length=int(meta.get(f"{arch}.context_length", 2048)),
         family=str(arch),
         hidden_size=int(meta.get(f"{arch}.embedding_length", 0)),
         tokenizer=tokenizer,
@@ -116,7 +114,7 @@ def _from_hf_dir(path: Path) -> ModelSpec:
         aliases=_hf_repo(model_config.get("_name_or_path")),  # the repo it was saved from, if not a local path
         name=path.name,
         path=path,
-        context_length=served_context_length(model_config),
+        context_length=int(model_config.get("max_position_embeddings", 2048)),
         family=str(model_config.get("model_type", "")),
         hidden_size=int(model_config.get("hidden_size", 0)),
         tokenizer=tokenizer,

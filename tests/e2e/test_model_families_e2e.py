@@ -1,8 +1,7 @@
 """A model family other than Llama through the real stack (Envoy + both services), from an HF
 directory as `MSTAR_MODEL=dir make run` serves it: a tiny random-init Qwen3 (QK-norm, a sliding
 window) with the SmolLM2 tokenizer and chat template. Its tokens must be transformers' own
-Qwen3ForCausalLM's; /v1/models names the family, and the window is the served context (both
-services read it from config.json: services/common/context_window.py)."""
+Qwen3ForCausalLM's, with a prompt longer than the window; /v1/models names the family."""
 
 from __future__ import annotations
 
@@ -23,12 +22,12 @@ from services.stack.stack import Stack, StackConfig
 pytestmark = pytest.mark.e2e
 transformers = pytest.importorskip("transformers")
 
-WINDOW = 96
+WINDOW = 8
 QWEN3 = DecoderConfig(
     vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
     head_dim=16, rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=512,
     tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2,), family="qwen3", qk_norm=True,
-    sliding_window=WINDOW,
+    sliding_window=WINDOW, layer_types=("sliding_attention", "full_attention"),
 )
 
 
@@ -69,10 +68,10 @@ def hf_greedy(checkpoint, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-def test_models_name_the_family_and_the_window_as_the_context(served):
+def test_models_name_the_family(served):
     stack, _ = served
     model = httpx.get(stack.http_url + "/v1/models", timeout=30).json()["data"][0]
-    assert model["family"] == "qwen3" and model["max_model_len"] == WINDOW, model
+    assert model["family"] == "qwen3" and model["max_model_len"] == 512, model
 
 
 def test_native_generate_is_transformers_greedy(served):
@@ -83,6 +82,7 @@ def test_native_generate_is_transformers_greedy(served):
     reply = httpx.post(stack.http_url + "/v1/generate", json=body, timeout=60)
     assert reply.status_code == 200, reply.text
     got = reply.json()
+    assert len(prompt) > WINDOW
     assert (got.get("token_ids") or got.get("tokenIds")) == hf_greedy(checkpoint, prompt, 20)
 
 
@@ -99,11 +99,3 @@ def test_openai_chat_through_the_sdk(served):
     # logprobs' tokens spell the continuation token by token: the same 12 tokens as transformers'
     spelled = [t.token for t in reply.choices[0].logprobs.content]
     assert spelled == [tokenizer._backend.decode([i], skip_special_tokens=False) for i in expected]
-
-
-def test_a_prompt_longer_than_the_window_is_a_400_naming_the_field(served):
-    stack, _ = served
-    client = openai.OpenAI(base_url=stack.http_url + "/v1", api_key="none", max_retries=0)
-    with pytest.raises(openai.BadRequestError) as err:
-        client.completions.create(model="default", prompt="word " * 200, max_tokens=4)
-    assert "prompt" in str(err.value) and str(WINDOW) in str(err.value)

@@ -145,12 +145,15 @@ CASES = [  # (specs, Hq, Hk, D, BS)
 @pytest.mark.parametrize(("specs", "n_heads", "n_kv_heads", "head_dim", "block_size"), CASES)
 @pytest.mark.parametrize(("qkv_dtype", "cache_dtype"), [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
                                                         (torch.float32, torch.bfloat16)])
+@pytest.mark.parametrize("window", [0, 1, 7, 16], ids=lambda w: f"window{w}")
 def test_fused_attention_is_rotary_store_and_paged_attention(specs, n_heads, n_kv_heads, head_dim, block_size,
-                                                             qkv_dtype, cache_dtype):
+                                                             qkv_dtype, cache_dtype, window):
+    """window: a sliding window (1 = only the row's own key; 7 and 16 against pages of 4, 8 and 16:
+    windows starting mid-page) against the reference's masked attention."""
     qkv, meta, (k_cache, v_cache) = _attention_case(specs, n_heads, n_kv_heads, head_dim, block_size, qkv_dtype,
                                                     cache_dtype, pad_rows=2)
     cos_sin = build_cos_sin_cache(head_dim, 256, 10000.0)
-    args = (n_heads, n_kv_heads, head_dim**-0.5)
+    args = (n_heads, n_kv_heads, head_dim**-0.5, window)
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
     want = KernelOps.create("cpu", backend="reference").attention(qkv.clone(), *meta, cos_sin, k_ref, v_ref, *args)
     got = KernelOps.create("cpu", backend="cpu").attention(qkv, *meta, cos_sin, k_cache, v_cache, *args)

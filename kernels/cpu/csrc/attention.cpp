@@ -45,7 +45,7 @@ void run(const Shapes& s, const at::Tensor& qkv, const at::Tensor& positions, co
 at::Tensor attention(const at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos_sin, at::Tensor k_cache,
                      at::Tensor v_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                      const at::Tensor& cu_seqlens_q, const at::Tensor& context_lens, int64_t num_heads,
-                     int64_t num_kv_heads, double scale) {
+                     int64_t num_kv_heads, double scale, int64_t window) {
   TORCH_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0,
               "attention: num_heads must be a multiple of num_kv_heads");
   TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous(), "attention: qkv must be a contiguous [T, (Hq + 2 Hk) D] tensor");
@@ -54,7 +54,8 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& positions, const a
               "attention: k_cache and v_cache must be contiguous [NB, BS, Hk, D] of one dtype");
   const int64_t D = k_cache.size(3);
   Shapes s{qkv.size(0), context_lens.size(0), num_heads, num_kv_heads, num_heads / num_kv_heads, D,
-           k_cache.size(1), block_tables.size(1), cos_sin.size(0)};
+           k_cache.size(1), block_tables.size(1), cos_sin.size(0), window};
+  TORCH_CHECK(window >= 0, "attention: window must be >= 0 (0 = every key)");
   TORCH_CHECK(k_cache.size(2) == num_kv_heads && qkv.size(1) == (num_heads + 2 * num_kv_heads) * D,
               "attention: qkv width ", qkv.size(1), " does not match heads ", num_heads, "+2x", num_kv_heads, " of dim ", D);
   TORCH_CHECK(cos_sin.scalar_type() == at::kFloat && cos_sin.is_contiguous() && cos_sin.size(1) == D,

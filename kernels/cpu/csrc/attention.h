@@ -9,7 +9,8 @@
 //   k_cache, v_cache [NB, BS, Hk, D] (fp32 or bf16), written at slot = block * BS + offset (-1 = skip)
 //   block_tables [B, W] int32, cu_seqlens_q [B + 1] int32, context_lens [B] int32
 //   -> out [T, Hq D] in qkv's dtype. Sequence i owns rows cu[i]:cu[i+1], the last q_len of its
-//   context_lens[i] positions; row r attends keys 0 .. context_len - q_len + r (GQA: Hq % Hk == 0).
+//   context_lens[i] positions; row r at position p attends keys 0 .. p (GQA: Hq % Hk == 0), or with a
+//   sliding window W > 0 only p - W < n <= p (keys before the item's first window are not read).
 //
 // Math in fp32, softmax in two passes over the row's scores (max, then exp and sum). All tokens'
 // K/V are stored before any row attends (a prefill chunk attends its own keys). Work items are
@@ -39,7 +40,11 @@ inline T from_float(float v) { return static_cast<T>(v); }
 
 struct Shapes {
   int64_t T, B, Hq, Hk, G, D, BS, W, P;
+  int64_t window = 0;  // sliding window in keys; 0 = every key up to the row's position
 };
+
+// The first key any of rows [p0, p1] can see: 0, or the first row's window start.
+inline int64_t first_key(const Shapes& s, int64_t p0) { return s.window > 0 ? std::max<int64_t>(0, p0 - s.window + 1) : 0; }
 
 // Phase 1: RoPE on q (scaled, into q_out fp32 [T, Hq, D]) and k; k, v into the cache.
 template <typename X, typename C>
@@ -149,7 +154,8 @@ constexpr int kMaxGroup = 8;
 
 template <int NV, typename X, typename C>
 bool attend_decode(const Shapes& s, const Item& it, const float* q, const C* k_cache, const C* v_cache,
-                   const int32_t* table, int64_t n_keys, X* out, std::vector<float>& scores) {
+                   const int32_t* table, int64_t n0, int64_t n_keys, X* out, std::vector<float>& scores) {
+  // keys n0 .. n_keys - 1 (n0 > 0 only under a sliding window); scores keep absolute key indices
   if (s.G > kMaxGroup) return false;
   const int64_t key_stride = s.Hk * s.D, G = s.G;
   const float* qh = q + (it.kv_head * G) * s.D;  // the group's G query heads, contiguous
@@ -157,10 +163,10 @@ bool attend_decode(const Shapes& s, const Item& it, const float* q, const C* k_c
   vf qv[kMaxGroup][NV];
   for (int64_t g = 0; g < G; ++g)
     for (int v = 0; v < NV; ++v) qv[g][v] = vload(qh + g * s.D + v * kLanes);
-  for (int64_t p0 = 0; p0 < n_keys; p0 += s.BS) {
+  for (int64_t p0 = n0 / s.BS * s.BS; p0 < n_keys; p0 += s.BS) {
     const C* kpage = k_cache + (static_cast<int64_t>(table[p0 / s.BS]) * s.BS * s.Hk + it.kv_head) * s.D;
     const int64_t in_page = std::min(s.BS, n_keys - p0);
-    for (int64_t jj = 0; jj < in_page; ++jj) {
+    for (int64_t jj = std::max<int64_t>(0, n0 - p0); jj < in_page; ++jj) {
       const C* k = kpage + jj * key_stride;
       vf kv[NV];
       for (int v = 0; v < NV; ++v) kv[v] = vload(k + v * kLanes);
@@ -174,11 +180,11 @@ bool attend_decode(const Shapes& s, const Item& it, const float* q, const C* k_c
   float inv_sum[kMaxGroup];
   for (int64_t g = 0; g < G; ++g) {
     float* sc = scores.data() + g * n_keys;
-    float mx = sc[0];
-    for (int64_t n = 1; n < n_keys; ++n) mx = std::max(mx, sc[n]);
+    float mx = sc[n0];
+    for (int64_t n = n0 + 1; n < n_keys; ++n) mx = std::max(mx, sc[n]);
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t n = 0; n < n_keys; ++n) {
+    for (int64_t n = n0; n < n_keys; ++n) {
       sc[n] = exp_nonpositive(sc[n] - mx);
       sum += sc[n];
     }
@@ -187,10 +193,10 @@ bool attend_decode(const Shapes& s, const Item& it, const float* q, const C* k_c
   vf acc[kMaxGroup][NV];
   for (int64_t g = 0; g < G; ++g)
     for (int v = 0; v < NV; ++v) acc[g][v] = vzero();
-  for (int64_t p0 = 0; p0 < n_keys; p0 += s.BS) {
+  for (int64_t p0 = n0 / s.BS * s.BS; p0 < n_keys; p0 += s.BS) {
     const C* vpage = v_cache + (static_cast<int64_t>(table[p0 / s.BS]) * s.BS * s.Hk + it.kv_head) * s.D;
     const int64_t in_page = std::min(s.BS, n_keys - p0);
-    for (int64_t jj = 0; jj < in_page; ++jj) {
+    for (int64_t jj = std::max<int64_t>(0, n0 - p0); jj < in_page; ++jj) {
       const C* vrow = vpage + jj * key_stride;
       vf vv[NV];
       for (int v = 0; v < NV; ++v) vv[v] = vload(vrow + v * kLanes);
@@ -227,14 +233,15 @@ void attend(const Shapes& s, const Item& it, const float* q, const C* k_cache, c
     return;
   }
   const int32_t* table = block_tables + it.seq * s.W;
+  const int64_t n0 = first_key(s, start + it.row0);  // no row of the item sees a key before it
 #if defined(MSTAR_DECODE_REGISTERS)
   if (it.rows == 1 && n_keys > 0) {  // a decode row (or the last row of a chunk): the register path
     const float* qr = q + (first + it.row0) * s.Hq * s.D;
     X* o = out + (first + it.row0) * s.Hq * s.D;
     const bool done =
-        s.D == 64    ? attend_decode<64 / kLanes, X, C>(s, it, qr, k_cache, v_cache, table, n_keys, o, scratch.scores)
-        : s.D == 128 ? attend_decode<128 / kLanes, X, C>(s, it, qr, k_cache, v_cache, table, n_keys, o, scratch.scores)
-        : s.D == 32  ? attend_decode<32 / kLanes, X, C>(s, it, qr, k_cache, v_cache, table, n_keys, o, scratch.scores)
+        s.D == 64    ? attend_decode<64 / kLanes, X, C>(s, it, qr, k_cache, v_cache, table, n0, n_keys, o, scratch.scores)
+        : s.D == 128 ? attend_decode<128 / kLanes, X, C>(s, it, qr, k_cache, v_cache, table, n0, n_keys, o, scratch.scores)
+        : s.D == 32  ? attend_decode<32 / kLanes, X, C>(s, it, qr, k_cache, v_cache, table, n0, n_keys, o, scratch.scores)
                      : false;
     if (done) return;
   }
@@ -251,14 +258,15 @@ void attend(const Shapes& s, const Item& it, const float* q, const C* k_cache, c
     return cache + (static_cast<int64_t>(table[p0 / s.BS]) * s.BS * s.Hk + it.kv_head) * s.D;
   };
   constexpr float kMasked = -1e30f;  // a key this row must not see: its exp is exactly 0
-  for (int64_t p0 = 0; p0 < n_keys; p0 += s.BS) {
+  for (int64_t p0 = n0 / s.BS * s.BS; p0 < n_keys; p0 += s.BS) {
     const C* kpage = page(k_cache, p0);
     const int64_t in_page = std::min(s.BS, n_keys - p0);
-    for (int64_t jj = 0; jj < in_page; ++jj) {
+    for (int64_t jj = std::max<int64_t>(0, n0 - p0); jj < in_page; ++jj) {
       const int64_t n = p0 + jj;
       const C* k = kpage + jj * key_stride;
       for (int64_t r = 0; r < it.rows; ++r) {
-        const bool visible = n <= start + it.row0 + r;
+        const int64_t pos = start + it.row0 + r;
+        const bool visible = n <= pos && (s.window == 0 || n > pos - s.window);
         for (int64_t g = 0; g < s.G; ++g) {
           float dot = kMasked;
           if (visible) {
@@ -275,19 +283,19 @@ void attend(const Shapes& s, const Item& it, const float* q, const C* k_cache, c
   for (int64_t j = 0; j < n_q; ++j) {
     float* sc = scores.data() + j * n_keys;
     float mx = kMasked;
-    for (int64_t n = 0; n < n_keys; ++n) mx = std::max(mx, sc[n]);
+    for (int64_t n = n0; n < n_keys; ++n) mx = std::max(mx, sc[n]);
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t n = 0; n < n_keys; ++n) {
+    for (int64_t n = n0; n < n_keys; ++n) {
       sc[n] = exp_nonpositive(sc[n] - mx);
       sum += sc[n];
     }
     inv_sum[j] = 1.f / sum;
   }
-  for (int64_t p0 = 0; p0 < n_keys; p0 += s.BS) {
+  for (int64_t p0 = n0 / s.BS * s.BS; p0 < n_keys; p0 += s.BS) {
     const C* vpage = page(v_cache, p0);
     const int64_t in_page = std::min(s.BS, n_keys - p0);
-    for (int64_t jj = 0; jj < in_page; ++jj) {
+    for (int64_t jj = std::max<int64_t>(0, n0 - p0); jj < in_page; ++jj) {
       const C* v = vpage + jj * key_stride;
       for (int64_t j = 0; j < n_q; ++j) {
         const float p = scores[j * n_keys + p0 + jj];

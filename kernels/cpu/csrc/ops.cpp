@@ -12,7 +12,7 @@ at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& codes, const at::
 at::Tensor attention(const at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos_sin, at::Tensor k_cache,
                      at::Tensor v_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                      const at::Tensor& cu_seqlens_q, const at::Tensor& context_lens, int64_t num_heads,
-                     int64_t num_kv_heads, double scale);
+                     int64_t num_kv_heads, double scale, int64_t window);
 at::Tensor decoder_stack(const at::Tensor& h, at::TensorList norms, at::TensorList codes, at::TensorList scales,
                          at::TensorList offsets, at::IntArrayRef bits, at::IntArrayRef rows, at::TensorList k_caches,
                          at::TensorList v_caches, const at::Tensor& positions, const at::Tensor& slot_mapping,
@@ -53,7 +53,7 @@ TORCH_LIBRARY(mstar_cpu, m) {
   m.def(
       "attention(Tensor qkv, Tensor positions, Tensor cos_sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
       "Tensor slot_mapping, Tensor block_tables, Tensor cu_seqlens_q, Tensor context_lens, int num_heads, "
-      "int num_kv_heads, float scale) -> Tensor");
+      "int num_kv_heads, float scale, int window=0) -> Tensor");
   m.def(
       "decoder_stack(Tensor h, Tensor[] norms, Tensor[] codes, Tensor[] scales, Tensor[] offsets, int[] bits, "
       "int[] rows, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, Tensor positions, Tensor slot_mapping, "

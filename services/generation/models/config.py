@@ -33,17 +33,19 @@ class DecoderConfig:
     # (llama.cpp's form of the same thing: one divisor per frequency). kernels/reference/rotary.py.
     rope_llama3: tuple[tuple[str, float], ...] | None = None
     rope_freq_factors: tuple[float, ...] | None = None
-    # Attention sees at most this many tokens (Mistral, Qwen with use_sliding_window). Served by
-    # holding every sequence within it (context_length), where the window changes nothing.
+    # Sliding-window attention (Mistral; Qwen's windowed layers): a windowed layer's row sees only the
+    # last sliding_window keys. layer_types names each layer "sliding_attention" or "full_attention"
+    # (HF's field); empty = every layer windowed when sliding_window is set, else none.
     sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()
 
-    @property
-    def context_length(self) -> int:
-        """The longest sequence served: the checkpoint's, or its sliding window when that is shorter
-        (services/common/context_window.py says why)."""
-        if self.sliding_window:
-            return min(self.max_position_embeddings, self.sliding_window)
-        return self.max_position_embeddings
+    def window(self, layer: int) -> int:
+        """The layer's attention window in keys; 0 = every key (the kernels' convention)."""
+        if not self.sliding_window:
+            return 0
+        if self.layer_types and self.layer_types[layer] != "sliding_attention":
+            return 0
+        return self.sliding_window
 
     def validate(self, source: str) -> None:
         positive = ["vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"]
@@ -56,6 +58,10 @@ class DecoderConfig:
             )
         if self.head_dim % 2:
             raise CheckpointError(f"{source}: head_dim {self.head_dim} must be even for RoPE")
+        if self.layer_types and (len(self.layer_types) != self.num_layers
+                                 or set(self.layer_types) - {"sliding_attention", "full_attention"}):
+            raise CheckpointError(f"{source}: layer_types must name each of the {self.num_layers} layers "
+                                  f"sliding_attention or full_attention")
         if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:
             raise CheckpointError(f"{source}: rope_freqs has {len(self.rope_freq_factors)} factors, "
                                   f"expected head_dim / 2 = {self.head_dim // 2}")
@@ -111,6 +117,8 @@ class DecoderConfig:
             "rope_parameters": rope,
             "sliding_window": self.sliding_window,
             "use_sliding_window": self.sliding_window is not None,
+            "max_window_layers": 0,  # Qwen: windows from layer 0 (layer_types says which, when given)
+            **({"layer_types": list(self.layer_types)} if self.layer_types else {}),
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,

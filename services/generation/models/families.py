@@ -4,9 +4,10 @@ Every family here is a pre-norm decoder with grouped-query attention, RoPE and a
 one model definition (models/llama.py) serves them all; a family only switches parts on:
 
     llama    LlamaForCausalLM    GGUF "llama"   plain; Llama 3.x adds "llama3" RoPE scaling (rope.py)
-    mistral  MistralForCausalLM  GGUF "llama"   a sliding window (served within it: context_window.py)
+    mistral  MistralForCausalLM  GGUF "llama"   sliding-window attention (the kernels' `window`)
     qwen2    Qwen2ForCausalLM    GGUF "qwen2"   a bias on the q, k and v projections
     qwen3    Qwen3ForCausalLM    GGUF "qwen3"   RMSNorm of each q and k head before RoPE (QK-norm)
+    (Qwen2/Qwen3 may window some layers: use_sliding_window, max_window_layers / layer_types)
 
 llama.cpp's converter writes Mistral checkpoints as architecture "llama", so a GGUF names only three
 families. It permutes the q/k rows of "llama" GGUFs for its interleaved RoPE and leaves Qwen's in HF

@@ -4,8 +4,8 @@ gpt-fast's model.py (Llama's shape; a family switches parts on, marked below).
     Transformer: embed -> N x Block -> final RMSNorm (only at the rows that need logits) -> lm_head
     Block:       x + Attention(RMSNorm(x)),  then  x + FeedForward(RMSNorm(x))  (fused add+norm)
     Attention:   one fused qkv matmul (+ bias: Qwen2), [RMSNorm per q and k head: Qwen3], then
-                 KernelOps.attention (RoPE, store K/V in the paged cache, paged attention: one fused
-                 C++ op on CPU), o_proj
+                 KernelOps.attention (RoPE, store K/V in the paged cache, paged attention over every
+                 key or the layer's sliding window: one fused C++ op on CPU), o_proj
     FeedForward: one fused gate|up matmul, silu(gate) * up, down_proj
     (each matmul is a models/linear.py projection: a dense weight, or the GGUF's block codes)
 
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import cpu
-from kernels.dispatch import KernelOps
+from kernels.dispatch import SLIDING_WINDOW_UNSUPPORTED, KernelOps
 from services.generation.models.block_weight import BlockWeight
 from services.generation.models.config import DecoderConfig, check_state_dict
 from services.generation.models.kv_cache import KVCache
@@ -47,9 +47,10 @@ class StepMetadata:
 
 class Attention(nn.Module):
     def __init__(self, config: DecoderConfig, ops: KernelOps, qkv_proj: Projection, o_proj: Projection,
-                 qk_norms: tuple[torch.Tensor, torch.Tensor] | None = None):
+                 qk_norms: tuple[torch.Tensor, torch.Tensor] | None = None, window: int = 0):
         super().__init__()
         self.ops, self.eps = ops, config.rms_norm_eps
+        self.window = window  # 0 = every key; > 0: a sliding-window layer (Mistral, Qwen)
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         self.scale = config.head_dim**-0.5
         self.qkv_proj = qkv_proj  # H -> (Hq + 2 Hk) D
@@ -65,7 +66,7 @@ class Attention(nn.Module):
             qkv = self._norm_heads(qkv)
         o = self.ops.attention(
             qkv, meta.positions, meta.slot_mapping, meta.block_tables, meta.cu_seqlens_q,
-            meta.context_lens, cos_sin, k_cache, v_cache, self.num_heads, self.num_kv_heads, self.scale,
+            meta.context_lens, cos_sin, k_cache, v_cache, self.num_heads, self.num_kv_heads, self.scale, self.window,
         )  # [T, Hq D]
         return self.o_proj(o)
 
@@ -120,6 +121,8 @@ class Transformer(nn.Module):
         super().__init__()
         blocks = blocks or {}
         check_state_dict(config, {**tensors, **blocks}, "state dict")
+        if any(config.window(i) for i in range(config.num_layers)) and not ops.supports("sliding_window"):
+            raise ValueError(f"{config.family}: {SLIDING_WINDOW_UNSUPPORTED}")
         self.config, self.ops = config, ops
 
         def dense(name: str) -> torch.Tensor:
@@ -151,12 +154,13 @@ class Transformer(nn.Module):
                        bias=config.qkv_bias),
                 linear(p + "self_attn.o_proj.weight"),
                 (w(p + "self_attn.q_norm.weight"), w(p + "self_attn.k_norm.weight")) if config.qk_norm else None,
+                config.window(i),
             )
             ffn = FeedForward(ops, linear(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), linear(p + "mlp.down_proj.weight"))
             norms = (w(p + "input_layernorm.weight"), w(p + "post_attention_layernorm.weight"))
             layers.append(Block(config, ops, attn, ffn, norms))
         self.blocks = nn.ModuleList(layers)
-        cos_sin = ops.build_cos_sin_cache(config.head_dim, config.context_length, config.rope_theta, device=device,
+        cos_sin = ops.build_cos_sin_cache(config.head_dim, config.max_position_embeddings, config.rope_theta, device=device,
                                           llama3=dict(config.rope_llama3 or {}) or None,
                                           freq_factors=config.rope_freq_factors)
         self.register_buffer("cos_sin", cos_sin, persistent=False)  # [max_pos, D] fp32

@@ -18,7 +18,6 @@ import os
 import numpy as np
 import torch
 
-from services.common.context_window import gguf_sliding_window
 from services.generation.models import families
 from services.generation.models.block_weight import BlockWeight
 from services.generation.models.config import CheckpointError, DecoderConfig, check_state_dict
@@ -86,6 +85,11 @@ def _field(reader: GGUFFile, key: str, default=None, required: bool = True):
     return value
 
 
+def _sliding_window(reader: GGUFFile, arch: str) -> int | None:
+    window = reader.fields.get(f"{arch}.attention.sliding_window")
+    return int(window) if isinstance(window, int) and window > 0 else None
+
+
 def _read_config(reader: GGUFFile, path: str) -> tuple[DecoderConfig, families.Family]:
     arch = str(_field(reader, "general.architecture"))
     fam = families.from_gguf_architecture(arch, path)
@@ -119,7 +123,7 @@ def _read_config(reader: GGUFFile, path: str) -> tuple[DecoderConfig, families.F
         qk_norm=fam.qk_norm,
         # Llama 3.x: llama.cpp's converter writes the "llama3" scaling as one divisor per frequency
         rope_freq_factors=tuple(_dequantize(rope_freqs).tolist()) if rope_freqs is not None else None,
-        sliding_window=gguf_sliding_window(reader.fields, arch),
+        sliding_window=_sliding_window(reader, arch),
     )
     config.validate(path)
     return config, fam

@@ -94,6 +94,8 @@ def save_gguf(checkpoint: Checkpoint, path: str, linear_type: str = "Q4_1") -> s
     from services.generation.weights.gguf import gguf_name, permute_qk
 
     c = checkpoint.config
+    if c.layer_types and len({c.window(i) for i in range(c.num_layers)}) > 1:
+        raise ValueError("a GGUF windows every layer or none: no layer_types")
     fam = family(c.family)
     writer = gguf.GGUFWriter(path, fam.gguf_architecture)
     writer.add_block_count(c.num_layers)

@@ -8,7 +8,6 @@ import os
 
 import torch
 
-from services.common.context_window import sliding_window_of
 from services.generation.models import families
 from services.generation.models.config import CheckpointError, DecoderConfig, check_state_dict
 from services.generation.weights.checkpoint import Checkpoint
@@ -34,6 +33,24 @@ def _rope(raw: dict, path: str) -> tuple[float, tuple[tuple[str, float], ...] | 
         raise CheckpointError(f"{path}: llama3 rope scaling needs {', '.join(_LLAMA3_KEYS)} ({e})") from e
 
 
+def _windows(raw: dict) -> tuple[int | None, tuple[str, ...]]:
+    """(sliding_window, layer_types): Mistral windows every layer; Qwen only with use_sliding_window,
+    from layer max_window_layers on (transformers' rule); a config's own layer_types wins."""
+    window = raw.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return None, ()
+    if raw.get("model_type") in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
+        return None, ()  # Qwen configs carry a window that only use_sliding_window switches on
+    types = raw.get("layer_types")
+    if isinstance(types, list):
+        return window, tuple(str(t) for t in types)
+    if raw.get("model_type") in ("qwen2", "qwen3"):
+        first = int(raw.get("max_window_layers", 0))
+        n = int(raw["num_hidden_layers"])
+        return window, tuple("sliding_attention" if i >= first else "full_attention" for i in range(n))
+    return window, ()
+
+
 def _read_config(directory: str) -> DecoderConfig:
     path = os.path.join(directory, "config.json")
     try:
@@ -55,6 +72,7 @@ def _read_config(directory: str) -> DecoderConfig:
         heads = int(raw["num_attention_heads"])
         eos = raw.get("eos_token_id")
         theta, llama3 = _rope(raw, path)
+        window, layer_types = _windows(raw)
         config = DecoderConfig(
             vocab_size=int(raw["vocab_size"]),
             hidden_size=int(raw["hidden_size"]),
@@ -73,7 +91,8 @@ def _read_config(directory: str) -> DecoderConfig:
             qkv_bias=fam.qkv_bias,
             qk_norm=fam.qk_norm,
             rope_llama3=llama3,
-            sliding_window=sliding_window_of(raw),
+            sliding_window=window,
+            layer_types=layer_types,
         )
     except KeyError as e:
         raise CheckpointError(f"{path}: missing field {e.args[0]}") from e

@@ -4,9 +4,9 @@ logits within fp32 tolerance, greedy continuations identical alone and inside a 
 reference kernels (the exact HF path) and the serving cpu kernels.
 
     llama3   Llama with "llama3" RoPE scaling (rope_parameters), and as a GGUF with rope_freqs
-    mistral  sliding window: served within it (context_length), a longer prompt refused
+    mistral  a sliding window of 16 keys on every layer (prompts and continuations cross it, pages of 4)
     qwen2    q/k/v bias
-    qwen3    QK-norm
+    qwen3    QK-norm, one full and one windowed layer (layer_types)
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ LLAMA3 = (("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
           ("original_max_position_embeddings", 32))
 VARIANTS = {
     "llama3": dataclasses.replace(TINY, rope_theta=500000.0, rope_llama3=LLAMA3),
-    "mistral": dataclasses.replace(TINY, family="mistral", sliding_window=64),
+    "mistral": dataclasses.replace(TINY, family="mistral", sliding_window=16),
     "qwen2": dataclasses.replace(TINY, family="qwen2", qkv_bias=True, rope_theta=1000000.0),
-    "qwen3": dataclasses.replace(TINY, family="qwen3", qk_norm=True, tie_word_embeddings=True),
+    "qwen3": dataclasses.replace(TINY, family="qwen3", qk_norm=True, tie_word_embeddings=True, sliding_window=8,
+                                 layer_types=("full_attention", "sliding_attention")),
 }
 PROMPTS = [[5, 6, 7, 8, 9, 10], [300, 1, 17], list(range(20, 57)), [42]]
 ORACLE = {"dtype": "float32", "quantization": "none"}
@@ -104,19 +105,22 @@ def test_prefill_logits_match_transformers(written):
     torch.testing.assert_close(torch.tensor(top.top_logprobs), want, rtol=0, atol=1e-4)
 
 
-def test_a_sliding_window_is_the_served_context():
-    checkpoint = random_checkpoint(VARIANTS["mistral"], seed=3)
-    engine = make_engine(checkpoint, **ORACLE)
-    assert engine.runner.max_model_len == 64 < checkpoint.config.max_position_embeddings
+def test_windows_reach_the_layers_and_keep_them_off_the_fused_stack():
+    engine = make_engine(random_checkpoint(VARIANTS["qwen3"], seed=3), kernels="cpu")
+    assert [b.attention.window for b in engine.runner.model.blocks] == [0, 8]
+    assert engine.runner.max_model_len == TINY.max_position_embeddings
 
 
-@pytest.mark.parametrize("name", ["qwen2", "qwen3", "llama3"])
+@pytest.mark.parametrize("name", ["qwen2", "qwen3", "llama3", "mistral"])
 def test_a_gguf_of_the_family_serves_the_same_tokens_as_its_directory(name, tmp_path):
     """What llama.cpp's converter writes (qwen2/qwen3 q/k rows unpermuted, Llama 3's scaling as
     rope_freqs) reads back as the same model: greedy tokens equal on dequantized F32 weights."""
-    checkpoint = random_checkpoint(VARIANTS[name], seed=3)
+    # a GGUF windows every layer or none (no layer_types): qwen3's mixed layers are an HF-only form
+    checkpoint = random_checkpoint(dataclasses.replace(VARIANTS[name], sliding_window=None, layer_types=()), seed=3)
     gguf = load_gguf(save_gguf(checkpoint, str(tmp_path / "m.gguf"), linear_type="F32"))
-    assert gguf.config.family == checkpoint.config.family
+    # llama.cpp writes Mistral as "llama" (families.py); the window travels as attention.sliding_window
+    assert gguf.config.family == ("llama" if name == "mistral" else checkpoint.config.family)
+    assert gguf.config.sliding_window == checkpoint.config.sliding_window
     assert (gguf.config.qkv_bias, gguf.config.qk_norm) == (checkpoint.config.qkv_bias, checkpoint.config.qk_norm)
     for key, value in checkpoint.state_dict.items():
         torch.testing.assert_close(gguf.state_dict[key], value, rtol=0, atol=0, msg=key)
@@ -148,3 +152,13 @@ def test_an_unsupported_checkpoint_is_refused_naming_what(tmp_path, edit, messag
     (tmp_path / "config.json").write_text(json.dumps(raw | edit))
     with pytest.raises(CheckpointError, match=message):
         load_hf_dir(directory)
+
+
+def test_the_triton_kernels_refuse_a_windowed_model_naming_why():
+    from kernels.dispatch import KernelOps
+    from services.generation.models.llama import Transformer
+
+    ops = KernelOps(torch.device("cpu"), "triton", {})  # only its backend name is read before the refusal
+    checkpoint = random_checkpoint(VARIANTS["mistral"], seed=3)
+    with pytest.raises(ValueError, match="mistral: sliding-window attention runs on the cpu and reference"):
+        Transformer(checkpoint.config, ops, checkpoint.tensors, torch.device("cpu"), torch.float32)
