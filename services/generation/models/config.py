@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.generation.models.families import family
+
 
 class CheckpointError(ValueError):
     """A checkpoint the server cannot serve; the message names the file, field or tensor."""
@@ -104,8 +106,6 @@ class DecoderConfig:
     def to_hf_dict(self) -> dict:
         """The same architecture as the family's transformers config kwargs, model_type and
         architectures included (the parity tests build transformers' model from it)."""
-        from services.generation.models.families import family
-
         if self.rope_freq_factors is not None:
             raise ValueError("a GGUF's rope_freqs factors have no transformers config form")
         rope = {"rope_type": "default", "rope_theta": self.rope_theta}

@@ -12,14 +12,13 @@ one model definition (models/llama.py) serves them all; a family only switches p
 llama.cpp's converter writes Mistral checkpoints as architecture "llama", so a GGUF names only three
 families. It permutes the q/k rows of "llama" GGUFs for its interleaved RoPE and leaves Qwen's in HF
 order (both use HF's rotate-half RoPE in the end), hence ``gguf_qk_permuted``.
-Anything else is refused at start-up naming the checkpoint's declared architecture.
+Anything else is refused at start-up naming the checkpoint's declared architecture (the loaders:
+weights/safetensors.py, weights/gguf.py). No imports: config.py reads this table.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from services.generation.models.config import CheckpointError
 
 
 @dataclass(frozen=True)
@@ -49,24 +48,16 @@ def family(name: str) -> Family:
     return FAMILIES[name]
 
 
-def from_hf_config(raw: dict, source: str) -> Family:
-    """The family a config.json declares (architectures, else model_type); CheckpointError naming it otherwise."""
-    archs = raw.get("architectures") or []
-    model_type = raw.get("model_type")
-    found = {_BY_HF_ARCHITECTURE.get(a) for a in archs} if archs else {FAMILIES.get(model_type)}
-    if None in found or len(found) != 1:
-        declared = f"architectures {archs}" if archs else f"model_type {model_type!r}"
-        raise CheckpointError(f"{source}: {declared} is not supported; mstar serves "
-                              + ", ".join(f.hf_architecture for f in FAMILIES.values()))
-    (fam,) = found
-    if model_type is not None and model_type != fam.name:
-        raise CheckpointError(f"{source}: model_type {model_type!r} does not match architectures {archs}")
-    return fam
+def by_hf_architecture(name: str) -> Family | None:
+    return _BY_HF_ARCHITECTURE.get(name)
 
 
-def from_gguf_architecture(arch: str, source: str) -> Family:
-    fam = _BY_GGUF_ARCHITECTURE.get(arch)
-    if fam is None:
-        raise CheckpointError(f"{source}: general.architecture is {arch!r}; mstar serves "
-                              + ", ".join(sorted(_BY_GGUF_ARCHITECTURE)))
-    return fam
+def by_gguf_architecture(name: str) -> Family | None:
+    return _BY_GGUF_ARCHITECTURE.get(name)
+
+
+def served(kind: str) -> str:
+    """The names a refusal lists: "hf" (transformers classes) or "gguf" (architectures)."""
+    if kind == "hf":
+        return ", ".join(f.hf_architecture for f in FAMILIES.values())
+    return ", ".join(sorted(_BY_GGUF_ARCHITECTURE))

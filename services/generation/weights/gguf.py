@@ -92,7 +92,9 @@ def _sliding_window(reader: GGUFFile, arch: str) -> int | None:
 
 def _read_config(reader: GGUFFile, path: str) -> tuple[DecoderConfig, families.Family]:
     arch = str(_field(reader, "general.architecture"))
-    fam = families.from_gguf_architecture(arch, path)
+    fam = families.by_gguf_architecture(arch)
+    if fam is None:
+        raise CheckpointError(f"{path}: general.architecture is {arch!r}; mstar serves {families.served('gguf')}")
     names = {t.name for t in reader.tensors}
     embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embd is None:

@@ -51,6 +51,20 @@ def _windows(raw: dict) -> tuple[int | None, tuple[str, ...]]:
     return window, ()
 
 
+def _family(raw: dict, path: str) -> families.Family:
+    """The family config.json declares (architectures, else model_type); refused naming it otherwise."""
+    archs = raw.get("architectures") or []
+    model_type = raw.get("model_type")
+    found = {families.by_hf_architecture(a) for a in archs} if archs else {families.FAMILIES.get(model_type)}
+    if None in found or len(found) != 1:
+        declared = f"architectures {archs}" if archs else f"model_type {model_type!r}"
+        raise CheckpointError(f"{path}: {declared} is not supported; mstar serves {families.served('hf')}")
+    (fam,) = found
+    if model_type is not None and model_type != fam.name:
+        raise CheckpointError(f"{path}: model_type {model_type!r} does not match architectures {archs}")
+    return fam
+
+
 def _read_config(directory: str) -> DecoderConfig:
     path = os.path.join(directory, "config.json")
     try:
@@ -60,7 +74,7 @@ def _read_config(directory: str) -> DecoderConfig:
         raise CheckpointError(f"{path}: cannot read config ({e})") from e
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: not a JSON object")
-    fam = families.from_hf_config(raw, path)
+    fam = _family(raw, path)
     for name, ok in [
         ("attention_bias", not raw.get("attention_bias", False) or fam.qkv_bias),
         ("mlp_bias", not raw.get("mlp_bias", False)),

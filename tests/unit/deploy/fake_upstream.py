@@ -60,7 +60,7 @@ class FakeRunner:
 
     def __init__(self, name: str = "fake") -> None:
         self.model = SimpleNamespace(
-            name=name, context_length=8192, input_modalities=frozenset({"text"}),
+            name=name, context_length=8192, input_modalities=frozenset({"text"}), family="llama",
             answers_to=lambda asked: asked in (name, "default"),
             tokenizer=SimpleNamespace(decode=lambda ids: "x" * len(ids), token_bytes=lambda t: b"x", vocab_size=100))
         self.numerics: dict = {}  # no generation backend behind it (RequestRunner.numerics)

@@ -84,6 +84,7 @@ def test_default_gguf_is_found_and_loads_the_documented_architecture():
     from services.generation.weights.gguf import _read_config
     from services.generation.weights.gguf_file import GGUFFile
 
-    config = _read_config(GGUFFile(default_model_path()), "default")
+    config, family = _read_config(GGUFFile(default_model_path()), "default")
+    assert config.family == family.name == "llama"
     assert (config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads) == (30, 576, 9, 3)
     assert config.tie_word_embeddings and config.eos_token_ids == (2,) and config.rope_theta == 100000.0
