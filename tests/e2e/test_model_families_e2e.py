@@ -26,7 +26,7 @@ WINDOW = 8
 QWEN3 = DecoderConfig(
     vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
     head_dim=16, rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=512,
-    tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2,), family="qwen3", qk_norm=True,
+    tie_word_embeddings=True, bos_token_id=1, eos_token_ids=(2,), family="qwen3",
     sliding_window=WINDOW, layer_types=("sliding_attention", "full_attention"),
 )
 

@@ -28,8 +28,6 @@ class DecoderConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     family: str = "llama"  # models/families.py: which parts of the decoder are switched on
-    qkv_bias: bool = False  # the family's (Qwen2): q, k and v projections carry a bias
-    qk_norm: bool = False  # the family's (Qwen3): RMSNorm of each q and k head before RoPE
     # RoPE frequency scaling: HF's "llama3" rope parameters (factor, low_freq_factor, high_freq_factor,
     # original_max_position_embeddings) as sorted (key, value) pairs, or a GGUF's rope_freqs tensor
     # (llama.cpp's form of the same thing: one divisor per frequency). kernels/reference/rotary.py.
@@ -40,6 +38,16 @@ class DecoderConfig:
     # (HF's field); empty = every layer windowed when sliding_window is set, else none.
     sliding_window: int | None = None
     layer_types: tuple[str, ...] = ()
+
+    @property
+    def qkv_bias(self) -> bool:
+        """The family's (Qwen2): q, k and v projections carry a bias."""
+        return family(self.family).qkv_bias
+
+    @property
+    def qk_norm(self) -> bool:
+        """The family's (Qwen3): RMSNorm of each q and k head before RoPE."""
+        return family(self.family).qk_norm
 
     def window(self, layer: int) -> int:
         """The layer's attention window in keys; 0 = every key (the kernels' convention)."""

@@ -121,8 +121,6 @@ def _read_config(reader: GGUFFile, path: str) -> tuple[DecoderConfig, families.F
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id", required=False),
         eos_token_ids=(int(eos),) if eos is not None else (),
         family=fam.name,
-        qkv_bias=fam.qkv_bias,
-        qk_norm=fam.qk_norm,
         # Llama 3.x: llama.cpp's converter writes the "llama3" scaling as one divisor per frequency
         rope_freq_factors=tuple(_dequantize(rope_freqs).tolist()) if rope_freqs is not None else None,
         sliding_window=_sliding_window(reader, arch),

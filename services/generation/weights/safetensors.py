@@ -102,8 +102,6 @@ def _read_config(directory: str) -> DecoderConfig:
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
             family=fam.name,
-            qkv_bias=fam.qkv_bias,
-            qk_norm=fam.qk_norm,
             rope_llama3=llama3,
             sliding_window=window,
             layer_types=layer_types,

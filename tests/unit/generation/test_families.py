@@ -31,8 +31,8 @@ LLAMA3 = (("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
 VARIANTS = {
     "llama3": dataclasses.replace(TINY, rope_theta=500000.0, rope_llama3=LLAMA3),
     "mistral": dataclasses.replace(TINY, family="mistral", sliding_window=16),
-    "qwen2": dataclasses.replace(TINY, family="qwen2", qkv_bias=True, rope_theta=1000000.0),
-    "qwen3": dataclasses.replace(TINY, family="qwen3", qk_norm=True, tie_word_embeddings=True, sliding_window=8,
+    "qwen2": dataclasses.replace(TINY, family="qwen2", rope_theta=1000000.0),
+    "qwen3": dataclasses.replace(TINY, family="qwen3", tie_word_embeddings=True, sliding_window=8,
                                  layer_types=("full_attention", "sliding_attention")),
 }
 PROMPTS = [[5, 6, 7, 8, 9, 10], [300, 1, 17], list(range(20, 57)), [42]]
