@@ -9,7 +9,7 @@
 Backends differ in ``attention`` (RoPE + KV-cache write + paged attention of one layer): one
 fused C++ call on "cpu", the three separate ops elsewhere; and "cpu" draws all-greedy batches with
 a vectorised C++ argmax (``greedy``, and ``sample`` when every row is greedy). The cheap
-elementwise ops (rms_norm, silu_and_mul) are the references on CPU; torch.compile fuses them into
+elementwise ops (rms_norm, silu_and_mul, gelu_tanh_and_mul) are the references on CPU; torch.compile fuses them into
 the compiled step. ``decoder_stack`` (every decoder layer of a model whose projections are a GGUF's
 block codes, in one C++ call: services/generation/fused_step.py) exists on "cpu" only; the other
 backends raise NotImplementedError, and ``supports("decoder_stack")`` says so beforehand.
@@ -48,9 +48,10 @@ def _triton_impls() -> dict[str, Callable]:
     from kernels.rms_norm import rms_norm
     from kernels.rotary import apply_rotary
     from kernels.sampling import sample
-    from kernels.swiglu import silu_and_mul
+    from kernels.swiglu import gelu_tanh_and_mul, silu_and_mul
 
     return {
+        "gelu_tanh_and_mul": gelu_tanh_and_mul,
         "rms_norm": rms_norm,
         "apply_rotary": apply_rotary,
         "silu_and_mul": silu_and_mul,
@@ -66,6 +67,7 @@ def _reference_impls() -> dict[str, Callable]:
         "rms_norm": reference.rms_norm_ref,
         "apply_rotary": reference.apply_rotary_ref,
         "silu_and_mul": reference.silu_and_mul_ref,
+        "gelu_tanh_and_mul": reference.gelu_tanh_and_mul_ref,
         "store_kv": reference.store_kv_ref,
         "paged_attention": reference.paged_attention_ref,
         "sample": reference.sample_ref,
@@ -170,6 +172,9 @@ class KernelOps:
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:  # [T, 2F] -> [T, F]
         return self._impl["silu_and_mul"](x)
+
+    def gelu_tanh_and_mul(self, x: torch.Tensor) -> torch.Tensor:  # [T, 2F] -> [T, F]: Gemma's GeGLU
+        return self._impl["gelu_tanh_and_mul"](x)
 
     def store_kv(
         self,

@@ -94,7 +94,7 @@ class PlanningOps:
     def table(self) -> dict:
         """The op table KernelOps(META, "aot", table) calls (the generation side records through it)."""
         return {"rms_norm": self.rms_norm, "apply_rotary": self.apply_rotary, "silu_and_mul": self.silu_and_mul,
-                "store_kv": self.store_kv, "paged_attention": self.paged_attention, "sample": self.sample}
+                "gelu_tanh_and_mul": self.gelu_tanh_and_mul, "store_kv": self.store_kv, "paged_attention": self.paged_attention, "sample": self.sample}
 
     def replay(self, call: dict) -> None:
         self.table()[call["op"]](*(_materialize(a) for a in call["args"]))
@@ -118,6 +118,11 @@ class PlanningOps:
         from kernels.swiglu import plan_silu_and_mul
 
         return self._keep(plan_silu_and_mul(x, self.target))
+
+    def gelu_tanh_and_mul(self, x):
+        from kernels.swiglu import plan_silu_and_mul
+
+        return self._keep(plan_silu_and_mul(x, self.target, gelu=True))
 
     def store_kv(self, k, v, k_cache, v_cache, slots):
         from kernels.kv_cache import plan_store_kv

@@ -12,11 +12,12 @@ from kernels.reference.quant_matmul import quant_matmul_ref
 from kernels.reference.rms_norm import rms_norm_ref
 from kernels.reference.rotary import apply_rotary_ref, build_cos_sin_cache
 from kernels.reference.sampling import greedy_ref, sample_ref
-from kernels.reference.swiglu import silu_and_mul_ref
+from kernels.reference.swiglu import gelu_tanh_and_mul_ref, silu_and_mul_ref
 
 __all__ = [
     "apply_rotary_ref",
     "build_cos_sin_cache",
+    "gelu_tanh_and_mul_ref",
     "greedy_ref",
     "paged_attention_ref",
     "quant_matmul_ref",

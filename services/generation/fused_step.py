@@ -36,10 +36,13 @@ log = logging.getLogger(__name__)
 def fusable(model: Transformer, kv_cache: KVCache) -> bool:
     """The stack can run as decoder_stack: CPU, kernels that have it (cpu), fp32 activations and
     norms, an fp32 or bf16 cache, every layer's four projections block codes, and Llama's layers
-    (decoder_stack has no q/k/v bias, QK-norm or sliding window: Qwen, Mistral run the per-op path)."""
+    (decoder_stack has no q/k/v bias, QK-norm, sliding window, sandwich norms, GeGLU or scaled
+    embeddings: Qwen, Mistral, Gemma run the per-op path)."""
     projections = [p for b in model.blocks
                    for p in (b.attention.qkv_proj, b.attention.o_proj, b.ffn.gate_up_proj, b.ffn.down_proj)]
-    if model.config.qkv_bias or model.config.qk_norm or any(b.attention.window for b in model.blocks):
+    parts = model.config.parts
+    if (parts.qkv_bias or parts.qk_norm or parts.sandwich_norms or parts.activation != "silu" or parts.embed_scaled
+            or any(b.attention.window for b in model.blocks)):
         return False
     return (model.ops.supports("decoder_stack") and kv_cache.k[0].device.type == "cpu"
             and kv_cache.dtype in (torch.float32, torch.bfloat16) and model.embed.dtype == torch.float32

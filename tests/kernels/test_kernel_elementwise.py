@@ -1,4 +1,4 @@
-"""Triton rms_norm, rotary, silu_and_mul and store_kv against their torch references.
+"""Triton rms_norm, rotary, silu_and_mul, gelu_tanh_and_mul and store_kv against their torch references.
 
 Runs under the interpreter on CPU (marker `interpreter`) and natively on CUDA (marker `gpu`): the
 `triton_ops` fixture parametrises every test over both targets.
@@ -12,6 +12,7 @@ import torch
 from kernels.reference import (
     apply_rotary_ref,
     build_cos_sin_cache,
+    gelu_tanh_and_mul_ref,
     rms_norm_ref,
     silu_and_mul_ref,
     store_kv_ref,
@@ -46,6 +47,14 @@ def test_rms_norm(triton_ops, dtype, atol, rtol, n_rows, hidden, with_residual):
 def test_silu_and_mul(triton_ops, dtype, atol, rtol, n_tokens, ffn):
     x = torch.randn(n_tokens, 2 * ffn, device=triton_ops.device).to(dtype)
     torch.testing.assert_close(triton_ops.silu_and_mul(x), silu_and_mul_ref(x), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize(("dtype", "atol", "rtol"), TOLERANCES)
+@pytest.mark.parametrize(("n_tokens", "ffn"), [(1, 1), (5, 67), (2, 1031)])
+def test_gelu_tanh_and_mul(triton_ops, dtype, atol, rtol, n_tokens, ffn):
+    # gates out to +-12: the tanh (written with one exp) saturates at both ends without overflow to NaN
+    x = 4 * torch.randn(n_tokens, 2 * ffn, device=triton_ops.device).to(dtype)
+    torch.testing.assert_close(triton_ops.gelu_tanh_and_mul(x), gelu_tanh_and_mul_ref(x), atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize(("dtype", "atol", "rtol"), TOLERANCES)

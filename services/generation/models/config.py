@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.generation.models.families import family
+from services.generation.models.families import Family, family
 
 
 class CheckpointError(ValueError):
@@ -38,6 +38,21 @@ class DecoderConfig:
     # (HF's field); empty = every layer windowed when sliding_window is set, else none.
     sliding_window: int | None = None
     layer_types: tuple[str, ...] = ()
+    rope_local_theta: float | None = None  # windowed layers' RoPE base (Gemma 3: 10000); None = rope_theta
+    query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (Gemma); None = head_dim
+
+    @property
+    def parts(self) -> Family:
+        """The family's switches (models/families.py)."""
+        return family(self.family)
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def rope_base(self, layer: int) -> float:
+        """The layer's RoPE base: Gemma 3's windowed layers have their own."""
+        return self.rope_local_theta if self.rope_local_theta and self.window(layer) else self.rope_theta
 
     @property
     def qkv_bias(self) -> bool:
@@ -85,6 +100,8 @@ class DecoderConfig:
             shapes["lm_head.weight"] = (self.vocab_size, h)
         for i in range(self.num_layers):
             p = f"model.layers.{i}."
+            if self.parts.sandwich_norms:  # Gemma: post_attention_layernorm is the attention output's norm
+                shapes |= {p + "pre_feedforward_layernorm.weight": (h,), p + "post_feedforward_layernorm.weight": (h,)}
             shapes |= {
                 p + "input_layernorm.weight": (h,),
                 p + "post_attention_layernorm.weight": (h,),
@@ -111,6 +128,21 @@ class DecoderConfig:
         raw = self.to_hf_dict() | overrides
         return transformers.AutoConfig.for_model(raw.pop("model_type"), **raw)
 
+    def _gemma_hf_dict(self) -> dict:
+        """Gemma 3's own field names: a RoPE per layer kind, hidden_activation, query_pre_attn_scalar."""
+        return {
+            "rope_parameters": {
+                "full_attention": {"rope_type": "default", "rope_theta": self.rope_theta},
+                "sliding_attention": {"rope_type": "default", "rope_theta": self.rope_local_theta or self.rope_theta},
+            },
+            "layer_types": [("sliding_attention" if self.window(i) else "full_attention") for i in range(self.num_layers)],
+            "sliding_window": self.sliding_window,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": self.query_pre_attn_scalar or self.head_dim,
+            "final_logit_softcapping": None,
+            "attn_logit_softcapping": None,
+        }
+
     def to_hf_dict(self) -> dict:
         """The same architecture as the family's transformers config kwargs, model_type and
         architectures included (the parity tests build transformers' model from it)."""
@@ -119,14 +151,18 @@ class DecoderConfig:
         rope = {"rope_type": "default", "rope_theta": self.rope_theta}
         if self.rope_llama3:
             rope = {**rope, "rope_type": "llama3", **dict(self.rope_llama3)}
-        return {
-            "model_type": self.family,
-            "architectures": [family(self.family).hf_architecture],
+        windows = {
             "rope_parameters": rope,
             "sliding_window": self.sliding_window,
             "use_sliding_window": self.sliding_window is not None,
             "max_window_layers": 0,  # Qwen: windows from layer 0 (layer_types says which, when given)
             **({"layer_types": list(self.layer_types)} if self.layer_types else {}),
+            "hidden_act": "silu",
+        }
+        return {
+            "model_type": self.parts.model_type,
+            "architectures": [self.parts.hf_architecture],
+            **(self._gemma_hf_dict() if self.family == "gemma3" else windows),
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -139,7 +175,6 @@ class DecoderConfig:
             "tie_word_embeddings": self.tie_word_embeddings,
             "bos_token_id": self.bos_token_id,
             "eos_token_id": list(self.eos_token_ids) or None,
-            "hidden_act": "silu",
             "attention_bias": False,
             "mlp_bias": False,
         }

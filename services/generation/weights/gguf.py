@@ -1,4 +1,4 @@
-"""Load a llama.cpp GGUF file (families.py: "llama", "qwen2", "qwen3"): HF-named weights,
+"""Load a llama.cpp GGUF file (families.py: "llama", "qwen2", "qwen3", "gemma3"): HF-named weights,
 block-quantized ones kept as the file's codes.
 
 Tensors of the types in weights/blocks.py (Q4_0/1, Q4_K, Q5_0/1, Q5_K, Q8_0) are kept as
@@ -6,6 +6,8 @@ Tensors of the types in weights/blocks.py (Q4_0/1, Q4_K, Q5_0/1, Q5_K, Q8_0) are
 as codes or dequantized is the runner's choice. Every other tensor (F32 norms, Q6_K, ...) is
 dequantized to fp32 (Checkpoint.tensors). GGUF lists dimensions fastest-first, so a tensor is
 reshaped with its shape reversed.
+Gemma's norm weights are stored as the multipliers the model applies (llama.cpp's converter wrote
+1 + w), which is how a Checkpoint holds them: read as they are.
 llama.cpp stores the rows of a "llama" GGUF's attn_q / attn_k permuted for its interleaved RoPE; HF uses the
 "rotate_half" layout, so the permutation is undone here (see shared notes/model.md): the rows of
 each head are viewed as (rows/2, 2) pairs and transposed back to (2, rows/2).
@@ -39,28 +41,44 @@ _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+# Gemma's four norms per layer (sandwich_norms): llama.cpp's ffn_norm is HF's pre_feedforward_layernorm
+# there, and HF's post_attention_layernorm normalizes the attention output (GGUF post_attention_norm).
+_SANDWICH_LAYER_NAMES = _LAYER_NAMES | {
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# What llama.cpp fixes for a Gemma 3 GGUF rather than storing (llama-model.cpp, LLM_ARCH_GEMMA3, and
+# transformers' Gemma3TextConfig defaults agree): a global layer every 6th, windowed layers' RoPE base 10000.
+_GEMMA3_WINDOW_PATTERN = 6
+_GEMMA3_LOCAL_ROPE_BASE = 10000.0
 
 
-def hf_name(gguf_name: str) -> str | None:
+def _layer_names(fam: families.Family | None) -> dict[str, str]:
+    return _SANDWICH_LAYER_NAMES if fam is not None and fam.sandwich_norms else _LAYER_NAMES
+
+
+def hf_name(gguf_name: str, fam: families.Family | None = None) -> str | None:
     """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight'; None for unknown names."""
     stem, _, suffix = gguf_name.rpartition(".")
     parts = stem.split(".")
-    if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"
+    names = _layer_names(fam)
+    if parts[0] == "blk" and len(parts) == 3 and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}.{suffix}"
     if stem in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[stem]}.{suffix}"
     return None
 
 
-def gguf_name(name: str) -> str:
+def gguf_name(name: str, fam: families.Family | None = None) -> str:
     """The inverse of hf_name: 'model.layers.3.self_attn.q_proj.weight' -> 'blk.3.attn_q.weight'."""
     stem, _, suffix = name.rpartition(".")
     for short, long in _GLOBAL_NAMES.items():
         if stem == long:
             return f"{short}.{suffix}"
     _, _, layer, rest = stem.split(".", 3)
-    short = next(k for k, v in _LAYER_NAMES.items() if v == rest)
+    short = next(k for k, v in _layer_names(fam).items() if v == rest)
     return f"blk.{layer}.{short}.{suffix}"
 
 
@@ -90,6 +108,24 @@ def _sliding_window(reader: GGUFFile, arch: str) -> int | None:
     return int(window) if isinstance(window, int) and window > 0 else None
 
 
+def gemma3_layer_types(layers: int) -> tuple[str, ...]:
+    return tuple("full_attention" if (i + 1) % _GEMMA3_WINDOW_PATTERN == 0 else "sliding_attention"
+                 for i in range(layers))
+
+
+def _gemma3_fields(reader: GGUFFile, arch: str, layers: int, hidden: int, heads: int) -> dict:
+    """Gemma 3's layer kinds, local RoPE base and attention scale, as llama.cpp derives them."""
+    if _sliding_window(reader, arch) is None:
+        return {}
+    fields = {
+        "layer_types": gemma3_layer_types(layers),
+        "rope_local_theta": float(_field(reader, f"{arch}.rope.freq_base_swa", default=_GEMMA3_LOCAL_ROPE_BASE)),
+    }
+    if layers == 62:  # llama.cpp: the 27B scales queries by (hidden / heads) ** -0.5, the others by head_dim's
+        fields["query_pre_attn_scalar"] = hidden // heads
+    return fields
+
+
 def _read_config(reader: GGUFFile, path: str) -> tuple[DecoderConfig, families.Family]:
     arch = str(_field(reader, "general.architecture"))
     fam = families.by_gguf_architecture(arch)
@@ -105,11 +141,13 @@ def _read_config(reader: GGUFFile, path: str) -> tuple[DecoderConfig, families.F
         raise CheckpointError(f"{path}: {arch}.rope.scaling.type is not supported")
     eos = _field(reader, "tokenizer.ggml.eos_token_id", required=False)
     rope_freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    layers = int(_field(reader, f"{arch}.block_count"))
+    gemma = _gemma3_fields(reader, arch, layers, hidden, heads) if fam.name == "gemma3" else {}
     config = DecoderConfig(
         vocab_size=int(_field(reader, f"{arch}.vocab_size", required=False) or int(embd.dims[1])),
         hidden_size=hidden,
         intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
-        num_layers=int(_field(reader, f"{arch}.block_count")),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", default=heads)),
         head_dim=int(_field(reader, f"{arch}.attention.key_length", required=False)
@@ -124,6 +162,7 @@ def _read_config(reader: GGUFFile, path: str) -> tuple[DecoderConfig, families.F
         # Llama 3.x: llama.cpp's converter writes the "llama3" scaling as one divisor per frequency
         rope_freq_factors=tuple(_dequantize(rope_freqs).tolist()) if rope_freqs is not None else None,
         sliding_window=_sliding_window(reader, arch),
+        **gemma,
     )
     config.validate(path)
     return config, fam
@@ -157,7 +196,7 @@ def load_gguf(path: str) -> Checkpoint:
     tensors: dict[str, torch.Tensor] = {}
     blocks: dict[str, BlockWeight] = {}
     for tensor in reader.tensors:
-        name = hf_name(tensor.name)
+        name = hf_name(tensor.name, fam)
         if name is None:
             continue  # rope_freqs is read into the config (_read_config); nothing else is skipped
         kept = None

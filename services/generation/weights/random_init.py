@@ -3,7 +3,8 @@ transport benchmarks.
 
 ``save_hf_dir`` writes config.json + model.safetensors and ``save_gguf`` a llama.cpp GGUF (linear
 weights quantized to Q4_0/Q4_1, q/k rows in llama.cpp's order), so a random model goes through the
-same loaders as a real checkpoint.
+same loaders as a real checkpoint. A Checkpoint's norm weights are the multipliers the model
+applies; ``hf_tensors`` gives them as HF stores them (Gemma: less 1).
 """
 
 from __future__ import annotations
@@ -71,6 +72,14 @@ def random_checkpoint(config: DecoderConfig = TINY, seed: int = 0, std: float = 
                       vocabulary=synthetic_vocabulary(config.vocab_size))
 
 
+def hf_tensors(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
+    """The weights as an HF checkpoint stores them: a Checkpoint holds norm weights as the served
+    multipliers, Gemma's HF files store them less the family's norm_offset (families.py)."""
+    offset = checkpoint.config.parts.norm_offset
+    return {k: (v - offset if offset and k.endswith("norm.weight") else v).contiguous()
+            for k, v in checkpoint.state_dict.items()}
+
+
 def save_hf_dir(checkpoint: Checkpoint, directory: str) -> str:
     from safetensors.torch import save_file
 
@@ -78,9 +87,22 @@ def save_hf_dir(checkpoint: Checkpoint, directory: str) -> str:
     raw = checkpoint.config.to_hf_dict()
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(raw, f, indent=1)
-    tensors = {k: v.contiguous() for k, v in checkpoint.state_dict.items()}
-    save_file(tensors, os.path.join(directory, "model.safetensors"))
+    save_file(hf_tensors(checkpoint), os.path.join(directory, "model.safetensors"))
     return directory
+
+
+def _check_gguf_windows(c: DecoderConfig) -> None:
+    """What a GGUF can say of windows: every layer or none, or Gemma 3's fixed pattern (weights/gguf.py)."""
+    from services.generation.weights.gguf import gemma3_layer_types
+
+    windows = {c.window(i) for i in range(c.num_layers)}
+    if c.family == "gemma3":
+        if c.sliding_window and c.layer_types != gemma3_layer_types(c.num_layers):
+            raise ValueError("a Gemma 3 GGUF has one global layer every 6th, the rest windowed")
+        if c.rope_local_theta not in (None, 10000.0) or c.query_pre_attn_scalar not in (None, c.head_dim):
+            raise ValueError("a Gemma 3 GGUF's local RoPE base is 10000 and its query scale head_dim ** -0.5")
+    elif c.layer_types and len(windows) > 1:
+        raise ValueError("a GGUF windows every layer or none: no layer_types")
 
 
 def save_gguf(checkpoint: Checkpoint, path: str, linear_type: str = "Q4_1") -> str:
@@ -94,8 +116,7 @@ def save_gguf(checkpoint: Checkpoint, path: str, linear_type: str = "Q4_1") -> s
     from services.generation.weights.gguf import gguf_name, permute_qk
 
     c = checkpoint.config
-    if c.layer_types and len({c.window(i) for i in range(c.num_layers)}) > 1:
-        raise ValueError("a GGUF windows every layer or none: no layer_types")
+    _check_gguf_windows(c)
     fam = family(c.family)
     writer = gguf.GGUFWriter(path, fam.gguf_architecture)
     writer.add_block_count(c.num_layers)
@@ -105,6 +126,8 @@ def save_gguf(checkpoint: Checkpoint, path: str, linear_type: str = "Q4_1") -> s
     writer.add_head_count(c.num_heads)
     writer.add_head_count_kv(c.num_kv_heads)
     writer.add_rope_dimension_count(c.head_dim)
+    writer.add_key_length(c.head_dim)
+    writer.add_value_length(c.head_dim)
     writer.add_rope_freq_base(c.rope_theta)
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
     if c.sliding_window:
@@ -124,9 +147,9 @@ def save_gguf(checkpoint: Checkpoint, path: str, linear_type: str = "Q4_1") -> s
             w = permute_qk(w, c.num_kv_heads)
         data = w.float().contiguous().numpy()
         if ".layers." in name and w.dim() == 2:
-            writer.add_tensor(gguf_name(name), quantize(data, kind), raw_dtype=kind)
-        else:
-            writer.add_tensor(gguf_name(name), data)
+            writer.add_tensor(gguf_name(name, fam), quantize(data, kind), raw_dtype=kind)
+        else:  # norms as the served multipliers: what llama.cpp writes for Gemma too (w + 1)
+            writer.add_tensor(gguf_name(name, fam), data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -13,6 +13,7 @@ from services.generation.models.config import CheckpointError, DecoderConfig, ch
 from services.generation.weights.checkpoint import Checkpoint
 from services.generation.weights.vocabulary import vocabulary_from_tokenizer_json
 
+_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -33,12 +34,33 @@ def _rope(raw: dict, path: str) -> tuple[float, tuple[tuple[str, float], ...] | 
         raise CheckpointError(f"{path}: llama3 rope scaling needs {', '.join(_LLAMA3_KEYS)} ({e})") from e
 
 
+def _layer_ropes(raw: dict, path: str) -> tuple[float, tuple | None, float | None]:
+    """(global theta, llama3 scaling, windowed layers' theta or None). Gemma 3 gives each layer kind
+    its own RoPE: transformers 5 writes rope_parameters per layer type, older configs rope_theta
+    (global) and rope_local_base_freq."""
+    params = raw.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        theta, llama3 = _rope({"rope_parameters": params.get("full_attention") or {}}, path)
+        local, local_scaling = _rope({"rope_parameters": params.get("sliding_attention") or {}}, path)
+        if local_scaling is not None:
+            raise CheckpointError(f"{path}: rope_parameters.sliding_attention must be the default RoPE")
+        return theta, llama3, local
+    theta, llama3 = _rope(raw, path)
+    local = raw.get("rope_local_base_freq")
+    return theta, llama3, float(local) if local is not None else None
+
+
 def _windows(raw: dict) -> tuple[int | None, tuple[str, ...]]:
     """(sliding_window, layer_types): Mistral windows every layer; Qwen only with use_sliding_window,
-    from layer max_window_layers on (transformers' rule); a config's own layer_types wins."""
+    from layer max_window_layers on (transformers' rule); Gemma 3 every layer but each
+    sliding_window_pattern-th; a config's own layer_types wins."""
     window = raw.get("sliding_window")
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
         return None, ()
+    n = int(raw["num_hidden_layers"])
+    if raw.get("model_type") == "gemma3_text" and not isinstance(raw.get("layer_types"), list):
+        pattern = int(raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6)
+        return window, tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n))
     if raw.get("model_type") in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
         return None, ()  # Qwen configs carry a window that only use_sliding_window switches on
     types = raw.get("layer_types")
@@ -46,7 +68,6 @@ def _windows(raw: dict) -> tuple[int | None, tuple[str, ...]]:
         return window, tuple(str(t) for t in types)
     if raw.get("model_type") in ("qwen2", "qwen3"):
         first = int(raw.get("max_window_layers", 0))
-        n = int(raw["num_hidden_layers"])
         return window, tuple("sliding_attention" if i >= first else "full_attention" for i in range(n))
     return window, ()
 
@@ -55,12 +76,12 @@ def _family(raw: dict, path: str) -> families.Family:
     """The family config.json declares (architectures, else model_type); refused naming it otherwise."""
     archs = raw.get("architectures") or []
     model_type = raw.get("model_type")
-    found = {families.by_hf_architecture(a) for a in archs} if archs else {families.FAMILIES.get(model_type)}
+    found = {families.by_hf_architecture(a) for a in archs} if archs else {families.by_model_type(model_type)}
     if None in found or len(found) != 1:
         declared = f"architectures {archs}" if archs else f"model_type {model_type!r}"
         raise CheckpointError(f"{path}: {declared} is not supported; mstar serves {families.served('hf')}")
     (fam,) = found
-    if model_type is not None and model_type != fam.name:
+    if model_type is not None and model_type != fam.model_type:
         raise CheckpointError(f"{path}: model_type {model_type!r} does not match architectures {archs}")
     return fam
 
@@ -75,17 +96,21 @@ def _read_config(directory: str) -> DecoderConfig:
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: not a JSON object")
     fam = _family(raw, path)
+    activation = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
     for name, ok in [
         ("attention_bias", not raw.get("attention_bias", False) or fam.qkv_bias),
         ("mlp_bias", not raw.get("mlp_bias", False)),
-        ("hidden_act", raw.get("hidden_act", "silu") == "silu"),
+        ("hidden_act", _ACTIVATIONS.get(activation) == fam.activation),
+        ("final_logit_softcapping", raw.get("final_logit_softcapping") is None),  # Gemma 2's, not served
+        ("attn_logit_softcapping", raw.get("attn_logit_softcapping") is None),
+        ("use_bidirectional_attention", not raw.get("use_bidirectional_attention")),  # EmbeddingGemma
     ]:
         if not ok:
             raise CheckpointError(f"{path}: field {name}={raw.get(name)!r} is not supported")
     try:
         heads = int(raw["num_attention_heads"])
         eos = raw.get("eos_token_id")
-        theta, llama3 = _rope(raw, path)
+        theta, llama3, local_theta = _layer_ropes(raw, path)
         window, layer_types = _windows(raw)
         config = DecoderConfig(
             vocab_size=int(raw["vocab_size"]),
@@ -105,6 +130,8 @@ def _read_config(directory: str) -> DecoderConfig:
             rope_llama3=llama3,
             sliding_window=window,
             layer_types=layer_types,
+            rope_local_theta=local_theta,
+            query_pre_attn_scalar=raw.get("query_pre_attn_scalar"),
         )
     except KeyError as e:
         raise CheckpointError(f"{path}: missing field {e.args[0]}") from e
@@ -142,6 +169,9 @@ def load_hf_dir(directory: str) -> Checkpoint:
             state_dict[name] = tensor.float()
     if config.tie_word_embeddings:
         state_dict.pop("lm_head.weight", None)
+    offset = config.parts.norm_offset
+    if offset:  # Gemma: stored w, applied as 1 + w (families.py); served as the multiplier
+        state_dict = {n: t + offset if n.endswith("norm.weight") else t for n, t in state_dict.items()}
     check_state_dict(config, state_dict, directory)
     name = os.path.basename(os.path.normpath(directory))
     return Checkpoint(name=name, source=directory, config=config, tensors=state_dict,

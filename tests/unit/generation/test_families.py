@@ -7,6 +7,9 @@ reference kernels (the exact HF path) and the serving cpu kernels.
     mistral  a sliding window of 16 keys on every layer (prompts and continuations cross it, pages of 4)
     qwen2    q/k/v bias
     qwen3    QK-norm, one full and one windowed layer (layer_types)
+    gemma3   six layers (five windowed of 8 keys, RoPE base 10^4; one global, 10^6), QK-norm, sandwich
+             norms stored as w (served as 1 + w), GeGLU, sqrt(H)-scaled tied embeddings, head_dim 32
+             with a query scale of its own (query_pre_attn_scalar)
 """
 
 from __future__ import annotations
@@ -20,8 +23,14 @@ from generation_helpers import drive, make_engine
 
 from services.generation.models.config import CheckpointError
 from services.generation.sampling_params import SamplingParams
-from services.generation.weights.gguf import load_gguf
-from services.generation.weights.random_init import TINY, random_checkpoint, save_gguf, save_hf_dir
+from services.generation.weights.gguf import gemma3_layer_types, load_gguf
+from services.generation.weights.random_init import (
+    TINY,
+    hf_tensors,
+    random_checkpoint,
+    save_gguf,
+    save_hf_dir,
+)
 from services.generation.weights.safetensors import load_hf_dir
 
 transformers = pytest.importorskip("transformers")
@@ -34,6 +43,9 @@ VARIANTS = {
     "qwen2": dataclasses.replace(TINY, family="qwen2", rope_theta=1000000.0),
     "qwen3": dataclasses.replace(TINY, family="qwen3", tie_word_embeddings=True, sliding_window=8,
                                  layer_types=("full_attention", "sliding_attention")),
+    "gemma3": dataclasses.replace(TINY, family="gemma3", num_layers=6, head_dim=32, rms_norm_eps=1e-6,
+                                  tie_word_embeddings=True, rope_theta=1000000.0, rope_local_theta=10000.0,
+                                  sliding_window=8, layer_types=gemma3_layer_types(6), query_pre_attn_scalar=24),
 }
 PROMPTS = [[5, 6, 7, 8, 9, 10], [300, 1, 17], list(range(20, 57)), [42]]
 ORACLE = {"dtype": "float32", "quantization": "none"}
@@ -42,7 +54,7 @@ ORACLE = {"dtype": "float32", "quantization": "none"}
 def hf_model(checkpoint):
     model = transformers.AutoModelForCausalLM.from_config(checkpoint.config.hf_config()).eval()
     assert type(model).__name__ == checkpoint.config.hf_config().architectures[0]
-    missing, unexpected = model.load_state_dict(checkpoint.state_dict, strict=False)
+    missing, unexpected = model.load_state_dict(hf_tensors(checkpoint), strict=False)
     assert not unexpected and all("lm_head" in m for m in missing)
     model.tie_weights()
     return model
@@ -111,16 +123,26 @@ def test_windows_reach_the_layers_and_keep_them_off_the_fused_stack():
     assert engine.runner.max_model_len == TINY.max_position_embeddings
 
 
-@pytest.mark.parametrize("name", ["qwen2", "qwen3", "llama3", "mistral"])
+def gguf_form(name):
+    """The variant as a GGUF can say it: windows on every layer or none (qwen3's mixed layers are an
+    HF-only form), except Gemma 3's fixed pattern with llama.cpp's query scale (head_dim)."""
+    if name == "gemma3":
+        return dataclasses.replace(VARIANTS[name], query_pre_attn_scalar=None)
+    return dataclasses.replace(VARIANTS[name], sliding_window=None, layer_types=())
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen3", "llama3", "mistral", "gemma3"])
 def test_a_gguf_of_the_family_serves_the_same_tokens_as_its_directory(name, tmp_path):
     """What llama.cpp's converter writes (qwen2/qwen3 q/k rows unpermuted, Llama 3's scaling as
-    rope_freqs) reads back as the same model: greedy tokens equal on dequantized F32 weights."""
-    # a GGUF windows every layer or none (no layer_types): qwen3's mixed layers are an HF-only form
-    checkpoint = random_checkpoint(dataclasses.replace(VARIANTS[name], sliding_window=None, layer_types=()), seed=3)
+    rope_freqs, Gemma's norms as 1 + w and four of them per layer) reads back as the same model:
+    greedy tokens equal on dequantized F32 weights."""
+    checkpoint = random_checkpoint(gguf_form(name), seed=3)
     gguf = load_gguf(save_gguf(checkpoint, str(tmp_path / "m.gguf"), linear_type="F32"))
     # llama.cpp writes Mistral as "llama" (families.py); the window travels as attention.sliding_window
     assert gguf.config.family == ("llama" if name == "mistral" else checkpoint.config.family)
     assert gguf.config.sliding_window == checkpoint.config.sliding_window
+    assert [gguf.config.window(i) for i in range(6)][:gguf.config.num_layers] == \
+        [checkpoint.config.window(i) for i in range(checkpoint.config.num_layers)]
     assert (gguf.config.qkv_bias, gguf.config.qk_norm) == (checkpoint.config.qkv_bias, checkpoint.config.qk_norm)
     for key, value in checkpoint.state_dict.items():
         torch.testing.assert_close(gguf.state_dict[key], value, rtol=0, atol=0, msg=key)
