@@ -37,8 +37,6 @@ BACKEND_REFERENCE = "reference"
 BACKEND_CPU = "cpu"
 BACKEND_TRITON = "triton"
 BACKENDS = ("auto", BACKEND_CPU, BACKEND_REFERENCE, BACKEND_TRITON)
-SLIDING_WINDOW_UNSUPPORTED = ("sliding-window attention runs on the cpu and reference kernels; the Triton paged "
-                              "attention kernel has no window yet (a model with windowed layers cannot serve on CUDA)")
 
 
 def _triton_impls() -> dict[str, Callable]:
@@ -146,10 +144,7 @@ class KernelOps:
         return build_cos_sin_cache(head_dim, max_positions, theta, device, dtype, llama3, freq_factors)
 
     def supports(self, op: str) -> bool:
-        """Whether this backend runs op: every op runs on every backend but decoder_stack ("cpu" only)
-        and sliding-window attention (the cpu and reference kernels; not yet the Triton kernel)."""
-        if op == "sliding_window":
-            return self.backend != BACKEND_TRITON
+        """Whether this backend runs op: every op runs on every backend but decoder_stack ("cpu" only)."""
         return op != "decoder_stack" or "decoder_stack" in self._impl
 
     def rms_norm(
@@ -197,9 +192,7 @@ class KernelOps:
         scale: float,
         window: int = 0,  # > 0: each row sees only its last `window` keys (sliding-window layers)
     ) -> torch.Tensor:  # [T, Hq, D]
-        if window:
-            if not self.supports("sliding_window"):
-                raise NotImplementedError(SLIDING_WINDOW_UNSUPPORTED)
+        if window:  # no-window calls keep their recorded form (kernels/aot/kernel_calls.json)
             return self._impl["paged_attention"](q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
                                                  window)
         return self._impl["paged_attention"](q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)

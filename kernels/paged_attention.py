@@ -2,8 +2,10 @@
 
 Math (per sequence i, query row r of its q_len, position p = context_len - q_len + r):
 
-    out[t, h] = sum_{n <= p} softmax_n(scale * q[t, h] . K[n, h // G]) V[n, h // G],   G = Hq // Hk
+    out[t, h] = sum_{p - W < n <= p} softmax_n(scale * q[t, h] . K[n, h // G]) V[n, h // G],   G = Hq // Hk
     K[n] = k_cache[block_tables[i, n // BS], n % BS]   (likewise V)
+
+W is the layer's sliding window (``window`` > 0: each row sees its last W keys; 0: every key).
 
 Shapes: q [T, Hq, D]; k_cache, v_cache [NB, BS, Hk, D]; block_tables [B, max_blocks] int32;
 cu_seqlens_q [B+1] int32; context_lens [B] int32 -> out [T, Hq, D] (rows past cu_seqlens_q[-1]
@@ -21,7 +23,9 @@ Design (FlashAttention-2 style online softmax, fp32 accumulate, exp2 with log2(e
     cu_seqlens_q[i] // BLOCK_Q + i and exits if its tile is past the sequence's q_len.
   * Keys are gathered BLOCK_N at a time through the block table (any page size BS), and the loop
     stops at the last key the tile's last query row can see (causal), so a decode row reads exactly
-    its context and a prefill tile skips the future.
+    its context and a prefill tile skips the future; with a window it starts at the first key the
+    tile's first row can see, so a windowed decode row reads W keys whatever its context (and never
+    the block-table entries before them: blocks the block manager may have window released).
   * Split-KV: with few (query tile, KV head) programs and long contexts the GPU would idle, so a
     third grid axis cuts each sequence's key range into num_splits chunks; each writes an
     unnormalised partial (acc, running max m, running sum l) and `_reduce_splits_kernel` merges
@@ -71,11 +75,12 @@ def _dot(a, b, IEEE: tl.constexpr):
     return tl.dot(a, b)
 
 
-@triton.jit(do_not_specialize=["num_seqs", "group", "num_splits", "stride_bt", "stride_ps", "stride_pt"])
+@triton.jit(do_not_specialize=["num_seqs", "group", "num_splits", "window", "stride_bt", "stride_ps", "stride_pt"])
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_ptr, context_lens_ptr,  # inputs
     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,  # outputs (out, or the split partials)
     num_seqs, group, head_dim, block_size, qk_scale, num_splits,  # sizes; qk_scale = scale * log2(e)
+    window,  # keys each row sees, itself included (the launcher passes 2^30 for "every key")
     stride_qt, stride_qh,  # q [T, Hq, D], head dim contiguous
     stride_cb, stride_cs, stride_ch, stride_cd,  # caches [NB, BS, Hk, D] (shared)
     stride_bt,  # block_tables row
@@ -110,16 +115,17 @@ def _paged_attention_kernel(
     )  # [BLOCK_M, BLOCK_D]
     if UPCAST:  # the interpreter's tl.dot is wrong on bf16 operands (triton 3.9): multiply in fp32
         q = q.to(tl.float32)
-    q_pos = context_len - q_len + q_tok  # [BLOCK_M] absolute position; sees keys 0..q_pos
+    q_pos = context_len - q_len + q_tok  # [BLOCK_M] absolute position; sees keys q_pos - window + 1..q_pos
 
-    # Causal: the tile's last row sees keys up to kv_end - 1; nothing past it is read.
+    # Causal: the tile's last row sees keys up to kv_end - 1, its first row none before kv_lo.
     kv_end = context_len - q_len + tl.minimum(q_len, (local_tile + 1) * BLOCK_Q)
+    kv_lo = tl.maximum(context_len - q_len + local_tile * BLOCK_Q - window + 1, 0)
     if SPLIT:
-        per_split = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
-        kv_start = split * per_split
+        per_split = tl.cdiv(tl.cdiv(kv_end - kv_lo, num_splits), BLOCK_N) * BLOCK_N
+        kv_start = kv_lo + split * per_split
         kv_stop = tl.minimum(kv_end, kv_start + per_split)
     else:
-        kv_start = 0
+        kv_start = kv_lo
         kv_stop = kv_end
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the log2-scaled scores
@@ -139,7 +145,7 @@ def _paged_attention_kernel(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         s = _dot(q, tl.trans(k), FP32_IEEE) * qk_scale  # [BLOCK_M, BLOCK_N]
-        visible = n_ok[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        visible = n_ok[None, :] & (offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
@@ -229,16 +235,24 @@ def paged_attention(
     cu_seqlens_q: torch.Tensor,  # [B + 1] int32
     context_lens: torch.Tensor,  # [B] int32
     scale: float,
+    window: int = 0,  # > 0: each row sees only its last `window` keys (sliding-window layers)
     num_splits: int | None = None,  # None: choose_num_splits; tests force it
 ) -> torch.Tensor:  # [T, Hq, D]
     target = Target.of(q.device)
-    return run(*plan_paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, target, num_splits))
+    return run(*plan_paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, target,
+                                     num_splits, window))
+
+
+_EVERY_KEY = 1 << 30  # the kernel's window for "no window": past any context
 
 
 def plan_paged_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, scale: float, target: Target, num_splits: int | None = None,
+    window: int = 0,
 ) -> tuple[torch.Tensor, list[Launch]]:
+    if window < 0:
+        raise ValueError(f"window must be >= 0 (0 = every key), got {window}")
     if q.dim() != 3 or q.stride(-1) != 1:
         raise ValueError(f"q must be [T, Hq, D] with a contiguous head dim, got {tuple(q.shape)}")
     n_tokens, n_q_heads, head_dim = q.shape
@@ -269,6 +283,8 @@ def plan_paged_attention(
     n_tiles = n_tokens // block_q + n_seqs
     if num_splits is None:
         max_context = block_tables.shape[1] * k_cache.shape[1]
+        if window:
+            max_context = min(max_context, window + block_q)  # the keys a windowed tile reads
         num_splits = choose_num_splits(n_tiles * n_kv_heads, max_context, target)
     if not 1 <= num_splits <= _MAX_SPLITS:
         raise ValueError(f"num_splits must be in [1, {_MAX_SPLITS}], got {num_splits}")
@@ -283,7 +299,7 @@ def plan_paged_attention(
         _paged_attention_kernel, (n_tiles, n_kv_heads, num_splits),
         (q, k_cache, v_cache, block_tables, cu_seqlens_q.contiguous(), context_lens.contiguous(),
          out, part_acc, part_m, part_l,
-         n_seqs, group, head_dim, k_cache.shape[1], scale * _LOG2E, num_splits,
+         n_seqs, group, head_dim, k_cache.shape[1], scale * _LOG2E, num_splits, window or _EVERY_KEY,
          q.stride(0), q.stride(1), *k_cache.stride(), block_tables.stride(0), out.stride(0), out.stride(1),
          n_tokens * n_q_heads, n_q_heads, 1),
         dict(BLOCK_Q=block_q, GROUP_PAD=group_pad, BLOCK_N=block_n, BLOCK_D=block_d, SPLIT=num_splits > 1,

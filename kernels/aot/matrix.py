@@ -129,10 +129,11 @@ class PlanningOps:
 
         self.launches += plan_store_kv(k, v, k_cache, v_cache, slots, self.target)
 
-    def paged_attention(self, q, k_cache, v_cache, tables, cu_seqlens_q, context_lens, scale):
+    def paged_attention(self, q, k_cache, v_cache, tables, cu_seqlens_q, context_lens, scale, window=0):
         from kernels.paged_attention import plan_paged_attention
 
-        return self._keep(plan_paged_attention(q, k_cache, v_cache, tables, cu_seqlens_q, context_lens, scale, self.target))
+        return self._keep(plan_paged_attention(q, k_cache, v_cache, tables, cu_seqlens_q, context_lens, scale,
+                                               self.target, window=window))
 
     def sample(self, logits, temperature, top_k, top_p, min_p, seeds, offsets):
         # The filters (top-k/p, min-p) are torch ops; the Triton draw runs for every row.

@@ -31,10 +31,10 @@ SMALL_MIXED = ([5, 40, 17, 1], [1, 7, 17, 1])  # for split-KV: the interpreter p
 HEADS = [(3, 3, 24, 16), (9, 3, 64, 32), (8, 1, 32, 16)]
 
 
-def _check(batch, dtype, num_splits, device):
+def _check(batch, dtype, num_splits, device, window=0):
     batch = batch.to(device)
-    got = paged_attention(*batch.args(), num_splits=num_splits)
-    want = paged_attention_ref(*batch.args())
+    got = paged_attention(*batch.args(), window, num_splits=num_splits)
+    want = paged_attention_ref(*batch.args(), window)
     atol, rtol = TOLERANCES[dtype]
     torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol)
 
@@ -64,6 +64,27 @@ def test_paged_attention_chunk_spanning_tiles(triton_ops, num_splits):
 def test_paged_attention_bf16(triton_ops, num_splits):
     batch = make_paged_batch(*SMALL_MIXED, 9, 3, 64, 16, dtype=torch.bfloat16)
     _check(batch, torch.bfloat16, num_splits, triton_ops.device)
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 40])
+@pytest.mark.parametrize("num_splits", [1, 2])
+@pytest.mark.parametrize(("context_lens", "q_lens"), [DECODE_ONLY, SMALL_MIXED, LONG_CHUNK], ids=["decode", "mixed", "chunk"])
+def test_paged_attention_sliding_window(triton_ops, window, num_splits, context_lens, q_lens):
+    """Windows shorter than, across and past the contexts; a chunk whose tiles start mid-window."""
+    batch = make_paged_batch(context_lens, q_lens, 4, 2, 16, 4)
+    _check(batch, torch.float32, num_splits, triton_ops.device, window)
+
+
+def test_a_windowed_tile_never_reads_the_blocks_before_its_window(triton_ops):
+    """Block-table entries before the window may be window released (block_manager.py): poisoned
+    with NaN (and an out-of-range id), the output must not change."""
+    batch = make_paged_batch([64, 50], [1, 9], 4, 2, 16, 4).to(triton_ops.device)
+    want = paged_attention_ref(*batch.args(), 8)
+    for seq, first_visible in ((0, 63 - 8 + 1), (1, 50 - 9 - 8 + 1)):
+        for i in range(first_visible // 4):
+            batch.k_cache[batch.block_tables[seq, i]] = float("nan")
+        batch.block_tables[seq, : first_visible // 4 - 1] = 10**6
+    torch.testing.assert_close(paged_attention(*batch.args(), 8, num_splits=2), want, atol=3e-5, rtol=1e-4)
 
 
 def test_paged_attention_through_kernel_ops(triton_ops):

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import cpu
-from kernels.dispatch import SLIDING_WINDOW_UNSUPPORTED, KernelOps
+from kernels.dispatch import KernelOps
 from services.generation.models.block_weight import BlockWeight
 from services.generation.models.config import DecoderConfig, check_state_dict
 from services.generation.models.kv_cache import KVCache
@@ -135,8 +135,6 @@ class Transformer(nn.Module):
         super().__init__()
         blocks = blocks or {}
         check_state_dict(config, {**tensors, **blocks}, "state dict")
-        if any(config.window(i) for i in range(config.num_layers)) and not ops.supports("sliding_window"):
-            raise ValueError(f"{config.family}: {SLIDING_WINDOW_UNSUPPORTED}")
         self.config, self.ops = config, ops
 
         def dense(name: str) -> torch.Tensor:
