@@ -22,6 +22,15 @@ from there, so resident KV also shrinks when the load does. Idle, the cache keep
 moment's worth of prefixes, not the two it may write under load: with twice, every burst of new
 text (sampled outputs are cached too) added blocks until the whole cache was resident, and
 identical rounds of 64 requests grew RSS by ~20 MB each (issue 28).
+
+Sliding-window layers (``window`` > 0: Gemma 3's, Mistral's, windowed Qwen layers) never read a
+key again once every query still to come is more than ``window`` positions past it, i.e. keys before
+``num_computed_tokens - window + 1``. A block every holder has moved that far past, counted from the
+end of its last full block (so a later turn of the conversation can still hit every full block in
+the prefix cache: one block of slack), is *window released*: the windowed layers' pages of it may go back to the OS (``take_window_releases``; the
+runner releases them), while the full-attention layers keep the block (its id stays taken, so a
+Gemma 3 conversation's resident KV grows with its global layers only). A prefix-cache hit is cut
+back to the longest prefix whose window (the blocks the first recomputed query reads) is intact.
 """
 
 from __future__ import annotations
@@ -42,6 +51,8 @@ class Block:
     ref_count: int = 0
     hash: int | None = None
     token_ids: tuple[int, ...] = ()  # kept to rule out hash collisions on lookup
+    passed: int = 0  # holders that have moved past it by more than the window (sliding-window layers)
+    window_released: bool = False  # the windowed layers' K/V of it are gone (released pages)
 
 
 def hash_block(parent_hash: int, token_ids: tuple[int, ...]) -> int:
@@ -49,12 +60,14 @@ def hash_block(parent_hash: int, token_ids: tuple[int, ...]) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, bound_resident: bool = False):
+    def __init__(self, num_blocks: int, block_size: int, bound_resident: bool = False, window: int = 0):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.bound_resident = bound_resident
+        self.window = window  # the windowed layers' window in keys; 0 = no windowed layers
+        self._window_releases: list[int] = []  # window released since the last take_window_releases
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.hash_to_block_id: dict[int, int] = {}
         # Free blocks used before: nothing cached first, then cached ones least recently freed first.
@@ -106,13 +119,52 @@ class BlockManager:
                 break
             hits.append(block_id)
             parent = h
+        hits = hits[: self._intact_window_prefix(hits)]
         for block_id in hits:
             self._take(block_id)
         seq.block_table = hits
         seq.num_computed_tokens = len(hits) * self.block_size
+        self.pass_window(seq)  # blocks before the first query's window: passed at once
         self.num_prefix_query_tokens += len(seq)
         self.num_prefix_hit_tokens += seq.num_computed_tokens
         return seq.num_computed_tokens
+
+    def _first_window_block(self, num_computed_tokens: int) -> int:
+        """The first block a query at position num_computed_tokens (or later) reads in a windowed layer."""
+        return max(0, num_computed_tokens - self.window + 1) // self.block_size if self.window else 0
+
+    def _intact_window_prefix(self, hits: list[int]) -> int:
+        """How many of the cached blocks `hits` a sequence may reuse: the first recomputed query
+        reads the windowed layers' K/V of the blocks in its window, so none of those may be released."""
+        n = len(hits)
+        while n and any(self.blocks[b].window_released for b in hits[self._first_window_block(n * self.block_size):n]):
+            n -= 1
+        return n
+
+    def pass_window(self, seq: Sequence) -> None:
+        """After seq's K/V grew: count it past the blocks its windowed layers will never read again;
+        a block every holder has passed is window released."""
+        if not self.window:
+            return
+        # From the last full block's end, not the last token: a prefix-cache hit ends on a block
+        # boundary, and the conversation's next turn should be able to reuse all of its full blocks.
+        last_full = seq.num_computed_tokens // self.block_size * self.block_size
+        passed = min(self._first_window_block(last_full), len(seq.block_table))
+        for i in range(seq.num_passed_blocks, passed):
+            block = self.blocks[seq.block_table[i]]
+            block.passed += 1
+            self._maybe_release_window(block)
+        seq.num_passed_blocks = max(seq.num_passed_blocks, passed)
+
+    def take_window_releases(self) -> list[int]:
+        """The blocks window released since the last call (their windowed layers' pages may go)."""
+        ids, self._window_releases = self._window_releases, []
+        return ids
+
+    def _maybe_release_window(self, block: Block) -> None:
+        if block.ref_count and block.passed == block.ref_count and not block.window_released:
+            block.window_released = True
+            self._window_releases.append(block.block_id)
 
     def register_computed_blocks(self, seq: Sequence) -> None:
         """Hash the sequence's blocks that became full and computed, so others can reuse them."""
@@ -149,11 +201,15 @@ class BlockManager:
     def free(self, seq: Sequence, keep_cache: bool = True) -> None:
         """Drop seq's references. keep_cache=False also forgets its blocks' hashes (bad K/V)."""
         # Tail first, so the blocks of a shared prefix are the last to be reused.
-        for block_id in reversed(seq.block_table):
+        for i in range(len(seq.block_table) - 1, -1, -1):
+            block_id = seq.block_table[i]
             block = self.blocks[block_id]
             if block.ref_count <= 0:
                 raise RuntimeError(f"block {block_id} freed more often than taken")
             block.ref_count -= 1
+            if i < seq.num_passed_blocks:
+                block.passed -= 1
+            self._maybe_release_window(block)  # the holders left may all have passed it
             if not keep_cache:
                 self._evict(block_id)
             if block.ref_count == 0:
@@ -161,6 +217,7 @@ class BlockManager:
                 if block.hash is None:  # nothing worth keeping: reuse it first
                     self.free_block_ids.move_to_end(block_id, last=False)
         seq.block_table = []
+        seq.num_passed_blocks = 0
         if not keep_cache:
             seq.block_hashes = []
 
@@ -213,3 +270,5 @@ class BlockManager:
         if block.hash is not None and self.hash_to_block_id.get(block.hash) == block_id:
             del self.hash_to_block_id[block.hash]
         block.hash, block.token_ids = None, ()
+        if not block.ref_count:  # what it held is forgotten: the next holder writes every layer afresh
+            block.window_released, block.passed = False, 0

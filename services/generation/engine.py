@@ -93,7 +93,8 @@ class Engine:
         self.config = config
         kv_cache = getattr(runner, "kv_cache", None)  # a NullRunner has none
         self.block_manager = BlockManager(config.num_blocks, config.block_size,
-                                          bound_resident=bool(kv_cache and kv_cache.resident_on_write))
+                                          bound_resident=bool(kv_cache and kv_cache.resident_on_write),
+                                          window=getattr(runner, "window", 0))  # a NullRunner: none
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.long_prefill_token_threshold),
             self.block_manager,

@@ -69,6 +69,7 @@ class EngineStep:
                 seq.timing.prefill_s += done - now
             seq.num_computed_tokens += n
             self.block_manager.register_computed_blocks(seq)
+            self.block_manager.pass_window(seq)
             if not (is_sampling or is_pooling):
                 out.prefilling.append(seq.key)
         # The model ran (shared work, fatal if it raised); the rest is each request's own work.
@@ -84,6 +85,8 @@ class EngineStep:
                 self.stats.num_generated_tokens += 1
             if outcome.finish_reason is not None:
                 self.endings.finish(out, seq, outcome.finish_reason)
+        if self.block_manager.window:  # K/V the sliding-window layers never read again
+            self.runner.release_window_blocks(self.block_manager.take_window_releases())
         if hop_trace.ON:  # bench/hops.py: the step's run (model + sampling), start as extra
             hop_trace.mark("step", "", out.step, started_ns)
         return True

@@ -230,3 +230,15 @@ class ModelRunner:
     def release_blocks(self, block_ids: list[int]) -> int:
         """Give free blocks' memory back to the OS (a CPU cache's pages); returns the bytes released."""
         return self.kv_cache.release_blocks(block_ids)
+
+    @property
+    def window(self) -> int:
+        """The sliding-window layers' window in keys (0: none): the block manager's window release."""
+        config = self.model.config
+        return config.sliding_window if any(config.window(i) for i in range(config.num_layers)) else 0
+
+    def release_window_blocks(self, block_ids: list[int]) -> int:
+        """The sliding-window layers' pages of blocks none of them reads again (block_manager.py)."""
+        config = self.model.config
+        layers = [i for i in range(config.num_layers) if config.window(i)]
+        return self.kv_cache.release_blocks(block_ids, layers)

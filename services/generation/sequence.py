@@ -56,6 +56,7 @@ class Sequence:
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
     num_preemptions: int = 0
     block_table: list[int] = field(default_factory=list)
+    num_passed_blocks: int = 0  # leading blocks its sliding-window layers will never read again
     block_hashes: list[int] = field(default_factory=list)  # hashes of its full, computed blocks
     status: SequenceStatus = SequenceStatus.WAITING
     # Structured output: grammar/matcher.SequenceGrammar once compiled (typed Any: this module stays
@@ -111,5 +112,6 @@ class Sequence:
         """Preempted: its blocks were taken back; it will prefill prompt + output again."""
         self.num_computed_tokens = 0
         self.block_table = []
+        self.num_passed_blocks = 0
         self.pooled = None  # the recompute pools every prompt token again
         self.status = SequenceStatus.WAITING

@@ -46,21 +46,24 @@ class KVCache:
             for cache in self.k + self.v:
                 cache[index] = 0
 
-    def release_blocks(self, block_ids: list[int]) -> int:
-        """Give the pages of these free blocks back to the OS; they read as zeros when next written.
+    def release_blocks(self, block_ids: list[int], layers: list[int] | None = None) -> int:
+        """Give the pages of these blocks back to the OS (in every layer, or only in ``layers``: the
+        sliding-window layers of blocks they never read again); they read as zeros when next written.
         Only pages wholly inside a run of consecutive listed blocks go: a page shared with a block
         that is not listed keeps its data. Returns the bytes released (0 off the CPU mappings)."""
         if not self._mappings or not block_ids:
             return 0
+        n = len(self.k)  # self._mappings holds k[0..n-1], then v[0..n-1]
+        mappings = self._mappings if layers is None else [self._mappings[j] for i in layers for j in (i, n + i)]
         block_bytes = self.k[0][0].numel() * self.k[0].element_size()
         released = 0
         for first, end in _runs(sorted(block_ids)):
             lo = -(-first * block_bytes // mmap.PAGESIZE) * mmap.PAGESIZE  # round up to a page
             hi = end * block_bytes // mmap.PAGESIZE * mmap.PAGESIZE  # round down
             if hi > lo:
-                for mapping in self._mappings:
+                for mapping in mappings:
                     mapping.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-                released += (hi - lo) * len(self._mappings)
+                released += (hi - lo) * len(mappings)
         return released
 
     def _zeros(self, shape: tuple[int, ...], device, dtype: torch.dtype) -> torch.Tensor:

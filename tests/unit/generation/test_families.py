@@ -176,11 +176,23 @@ def test_an_unsupported_checkpoint_is_refused_naming_what(tmp_path, edit, messag
         load_hf_dir(directory)
 
 
-def test_the_triton_kernels_refuse_a_windowed_model_naming_why():
-    from kernels.dispatch import KernelOps
-    from services.generation.models.llama import Transformer
-
-    ops = KernelOps(torch.device("cpu"), "triton", {})  # only its backend name is read before the refusal
-    checkpoint = random_checkpoint(VARIANTS["mistral"], seed=3)
-    with pytest.raises(ValueError, match="mistral: sliding-window attention runs on the cpu and reference"):
-        Transformer(checkpoint.config, ops, checkpoint.tensors, torch.device("cpu"), torch.float32)
+def test_window_released_kv_leaves_every_later_token_exact():
+    """Gemma's windowed layers give back the pages of blocks they never read again (block_manager.py's
+    window release) while the request runs; then a longer prompt over the same conversation (a
+    prefix-cache hit whose window is intact) and one that shares only its first blocks (whose
+    windowed K/V are gone: recomputed) still decode transformers' tokens."""
+    checkpoint = random_checkpoint(VARIANTS["gemma3"], seed=3)
+    model = hf_model(checkpoint)
+    engine = make_engine(checkpoint, **ORACLE)
+    released = []
+    release = engine.runner.release_window_blocks
+    engine.runner.release_window_blocks = lambda ids: released.append(release(ids)) or released[-1]
+    first = list(range(20, 60))
+    out = engine_greedy(engine, [first], 12)[0]
+    assert out == hf_greedy(model, first, 12)
+    assert engine.runner.kv_cache.resident_on_write and sum(released) > 0
+    hits_before = engine.block_manager.num_prefix_hit_tokens
+    longer, diverging = first + out + [7, 8, 9], first[:10] + [400, 401, 402]
+    assert engine_greedy(engine, [longer], 8)[0] == hf_greedy(model, longer, 8)
+    assert engine.block_manager.num_prefix_hit_tokens - hits_before >= 40  # the conversation was reused
+    assert engine_greedy(engine, [diverging], 8)[0] == hf_greedy(model, diverging, 8)
