@@ -63,6 +63,10 @@ class PromptBuilder:
         self._next_scan_chars = 0  # no commit attempt below this much held text (see docstring)
         self._tail = ""
         self._open: set[str] = set()
+        # BOS goes before the first text of a prompt that is not a chat (templates render
+        # {{ bos_token }} themselves) and does not start with token ids (the client chose them),
+        # as llama.cpp's server tokenizes a completion prompt.
+        self._bos_pending = False
         self.num_tokens = 0
         self.input_infos: list[InputInfo] = []
 
@@ -79,6 +83,7 @@ class PromptBuilder:
             if modality not in _STREAMABLE:
                 raise invalid_argument(names.modalities, f"modality {modality} cannot be streamed")
         self._open = set(spec.open_inputs)
+        self._bos_pending = self._tokenizer.add_bos and not spec.messages
         committed: list[int] = []
         if spec.messages:
             template = self._model.chat_template
@@ -136,6 +141,7 @@ class PromptBuilder:
             if part.modality == TOKENS:
                 ids = part.token_ids or ()
                 check_token_ids(ids, self._tokenizer.vocab_size, names.part_field(i, "token_ids"))
+                self._bos_pending = False
                 # Pre-tokenized input is a hard boundary: everything before it is final.
                 committed += self._commit(final=True) + list(ids)
                 self.num_tokens += len(ids)
@@ -155,14 +161,22 @@ class PromptBuilder:
 
     def _add_text(self, text: str, where: str, mime_type: str = "") -> list[int]:
         before = self.num_tokens
+        committed = self._take_bos()
         self._hold(text)
         self._reject_hopeless_length(where)
-        committed = self._commit(final=False)
+        committed += self._commit(final=False)
         # Tokens are attributed to the part that completed them (held text moves on).
         self.input_infos.append(
             InputInfo(TEXT, len(text.encode("utf-8")), self.num_tokens - before, mime_type)
         )
         return committed
+
+    def _take_bos(self) -> list[int]:
+        if not self._bos_pending:
+            return []
+        self._bos_pending = False
+        self.num_tokens += 1  # counted before the fit checks, which must see it
+        return [self._tokenizer.special.bos_token_id]
 
     def _reject_hopeless_length(self, where: str) -> None:
         # Tokenizing runs on the event loop (~0.8 s per MB here): a text that cannot fit whatever

@@ -1,6 +1,7 @@
 """Text <-> token ids for one model, built on the `tokenizers` library.
 
-Two sources: the `tokenizer.ggml.*` metadata of a GGUF file (the embedded default model) or a
+Two sources: the `tokenizer.ggml.*` metadata of a GGUF file (the embedded default model; for
+SentencePiece vocabularies see sentencepiece.py) or a
 Hugging Face `tokenizer.json`. Besides encode/decode the tokenizer exposes the raw bytes of every
 token, because the streaming detokenizer works on bytes: that is the only representation in which
 a multi-byte character split across tokens can be held back and invalid bytes replaced exactly
@@ -11,16 +12,17 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers
 
-# GGUF token types (llama.cpp `llama_token_type`): 3 = control (special), 6 = byte (`<0xNN>`).
+from services.preprocess.sentencepiece import piece_bytes, sentencepiece_backend, vocabulary_pieces
+
+# GGUF token types (llama.cpp `llama_token_type`): 3 = control (special), 4 = user-defined.
 _GGUF_CONTROL = 3
-_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+_GGUF_USER_DEFINED = 4
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -51,6 +53,7 @@ class SpecialTokens:
     eos_token: str
     eos_token_ids: tuple[int, ...]
     special_ids: frozenset[int]
+    bos_token_id: int | None = None
 
 
 class Tokenizer:
@@ -62,6 +65,7 @@ class Tokenizer:
         token_bytes: list[bytes],
         special: SpecialTokens,
         split_stable: bool,
+        add_bos: bool = False,
     ) -> None:
         self._backend = backend
         self._token_bytes = token_bytes
@@ -69,6 +73,9 @@ class Tokenizer:
         # True when encode(a + b) == encode(a) + encode(b) whenever `a` ends on a pre-token
         # boundary (byte-level BPE). Incremental tokenization of appended text relies on it.
         self.split_stable = split_stable
+        # Prompts that start with text get BOS first (llama.cpp's and vLLM's completions do);
+        # chat templates write it themselves.
+        self.add_bos = add_bos and special.bos_token_id is not None
         self._special_texts = tuple(backend.id_to_token(i) or "" for i in sorted(special.special_ids))
 
     @property
@@ -129,21 +136,38 @@ class Tokenizer:
     def from_gguf_fields(cls, fields: dict) -> Tokenizer:
         """Build from decoded `tokenizer.ggml.*` metadata (see model.read_gguf_metadata)."""
         kind = fields.get("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise TokenizerError(
-                f"GGUF tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2' only)"
-            )
         tokens: list[str] = fields["tokenizer.ggml.tokens"]
         types: list[int] = fields.get("tokenizer.ggml.token_type", [1] * len(tokens))
-        merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]
-        vocab = {t: i for i, t in enumerate(tokens)}
-        backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        backend.decoder = decoders.ByteLevel()
+        if kind == "gpt2":
+            merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]
+            vocab = {t: i for i, t in enumerate(tokens)}
+            backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+            backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            backend.decoder = decoders.ByteLevel()
+            token_bytes = [_byte_level_bytes(t) for t in tokens]
+            # transformers respells every piece into the byte alphabet: a user-defined piece
+            # outside it is then not in its vocabulary, and it adds no token for it.
+            spelled = [all(c in _BYTE_OF_CHAR for c in t) for t in tokens]
+        elif kind == "llama":
+            backend = sentencepiece_backend(fields)
+            token_bytes = [piece_bytes(t) for t in tokens]
+            in_vocab = set(vocabulary_pieces(fields))
+            spelled = [t in in_vocab for t in tokens]
+        else:
+            raise TokenizerError(
+                f"GGUF tokenizer model {kind!r} is not supported ('gpt2' byte-level BPE or 'llama' SentencePiece)"
+            )
         special_ids = frozenset(i for i, t in enumerate(types) if t == _GGUF_CONTROL)
         backend.add_special_tokens(
             [tokenizers.AddedToken(tokens[i], special=True, normalized=False) for i in sorted(special_ids)]
         )
+        # llama.cpp matches user-defined tokens (`<think>`, Gemma's "\n\n", "<table>") whole in
+        # any text, like control tokens, but they are ordinary text when decoded.
+        backend.add_tokens([
+            tokenizers.AddedToken(t, special=False, normalized=False)
+            for t, type_, ok in zip(tokens, types, spelled, strict=True)
+            if type_ == _GGUF_USER_DEFINED and ok
+        ])
         bos_id = fields.get("tokenizer.ggml.bos_token_id")
         eos_id = fields.get("tokenizer.ggml.eos_token_id")
         special = SpecialTokens(
@@ -151,9 +175,12 @@ class Tokenizer:
             eos_token=tokens[eos_id] if eos_id is not None else "",
             eos_token_ids=(eos_id,) if eos_id is not None else (),
             special_ids=special_ids,
+            bos_token_id=bos_id,
         )
-        token_bytes = [_byte_level_bytes(t) for t in tokens]
-        return cls(backend, token_bytes, special, split_stable=True)
+        # A SentencePiece file that does not say gets BOS, as in llama.cpp and transformers.
+        add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", kind == "llama"))
+        # SentencePiece text has no pre-token boundaries to commit at (see stable_prefix_length).
+        return cls(backend, token_bytes, special, split_stable=kind == "gpt2", add_bos=add_bos)
 
     @classmethod
     def from_json(cls, path: Path, config: dict | None = None) -> Tokenizer:
@@ -173,10 +200,8 @@ class Tokenizer:
             piece = backend.id_to_token(i) or ""
             if byte_level:
                 token_bytes.append(_byte_level_bytes(piece))
-            elif byte_fallback and _BYTE_TOKEN.match(piece):
-                token_bytes.append(bytes([int(piece[3:5], 16)]))
             else:
-                token_bytes.append(piece.replace("\u2581", " ").encode("utf-8"))
+                token_bytes.append(piece_bytes(piece, byte_fallback))
         bos = _token_text(config.get("bos_token"))
         eos = _token_text(config.get("eos_token"))
         eos_id = backend.token_to_id(eos) if eos else None
@@ -185,10 +210,12 @@ class Tokenizer:
             eos_token=eos,
             eos_token_ids=(eos_id,) if eos_id is not None else (),
             special_ids=special_ids,
+            bos_token_id=backend.token_to_id(bos) if bos else None,
         )
         pre = raw.get("pre_tokenizer") or {}
         split_stable = byte_level and _mentions(pre, "ByteLevel") and not pre.get("add_prefix_space", False)
-        return cls(backend, token_bytes, special, split_stable=split_stable)
+        add_bos = config.get("add_bos_token") is True
+        return cls(backend, token_bytes, special, split_stable=split_stable, add_bos=add_bos)
 
 
 def _byte_level_bytes(piece: str) -> bytes:
