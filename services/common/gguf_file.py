@@ -4,9 +4,11 @@ gguf.GGUFReader parses every metadata array element through a numpy memmap view;
 model's tokenizer arrays (49,152 tokens, 48,900 merges) that took 3.6 s of a loaded 2-core box's
 start-up, for fields the generation service never reads. This reader walks the same layout
 (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md) in ~0.1 s: scalars and strings are
-decoded, arrays of strings are skipped (their element count is kept) except the token spellings
-structured output needs (tokenizer.ggml.tokens: ~50 ms for 49,152), tensor data are zero-copy
-uint8 views of the memory map.
+decoded, arrays of strings are skipped (their element count is kept) except those the caller names
+(``strings``: by default the token spellings structured output needs, tokenizer.ggml.tokens: ~50 ms
+for 49,152; preprocess adds the merges), tensor data are zero-copy uint8 views of the memory map.
+Both services read GGUFs with it (preprocess its tokenizer: Gemma 3's 262,144 tokens took
+gguf.GGUFReader 11-14 s).
 
     header:  b"GGUF", version u32 (2 or 3), tensor count u64, metadata count u64
     metadata: key (u64 length + UTF-8), value type u32, value   (arrays: element type u32, count u64, elements)
@@ -23,7 +25,7 @@ import numpy as np
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
-_DECODED_STRING_ARRAYS = frozenset({"tokenizer.ggml.tokens"})  # weights/vocabulary.py reads it
+TOKENS = frozenset({"tokenizer.ggml.tokens"})  # what generation's weights/vocabulary.py reads
 _NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32, 7: np.bool_,
           10: np.uint64, 11: np.int64, 12: np.float64}
 
@@ -48,7 +50,7 @@ class SkippedArray:
 
 
 class GGUFFile:
-    def __init__(self, path: str):
+    def __init__(self, path: str, strings: frozenset[str] = TOKENS):
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
         self.path = path
@@ -65,7 +67,7 @@ class GGUFFile:
         self.fields: dict[str, object] = {}
         for _ in range(n_fields):
             key = self._string()
-            self.fields[key] = self._value(self._scalar(4), decode_strings=key in _DECODED_STRING_ARRAYS)
+            self.fields[key] = self._value(self._scalar(4), decode_strings=key in strings)
         directory = []
         for _ in range(n_tensors):
             name = self._string()

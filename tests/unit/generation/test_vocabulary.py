@@ -28,7 +28,7 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {
 def smollm():
     from gguf import GGUFReader
 
-    from services.generation.weights.gguf_file import GGUFFile
+    from services.common.gguf_file import GGUFFile
     from services.preprocess.tokenizer import Tokenizer
 
     reader = GGUFReader(default_model_path())  # the preprocess side reads the file with gguf's reader

@@ -81,8 +81,8 @@ def test_bad_model_argument():
 
 def test_default_gguf_is_found_and_loads_the_documented_architecture():
     assert default_model_path().endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    from services.common.gguf_file import GGUFFile
     from services.generation.weights.gguf import _read_config
-    from services.generation.weights.gguf_file import GGUFFile
 
     config, family = _read_config(GGUFFile(default_model_path()), "default")
     assert config.family == family.name == "llama"

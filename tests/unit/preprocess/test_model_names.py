@@ -8,7 +8,9 @@ import json
 
 import pytest
 
-from services.preprocess.model import DEFAULT_HF_REPO, _hf_repo, load_model
+from services.preprocess.model import _hf_repo, load_model
+
+DEFAULT_HF_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def test_the_default_model_answers_to_its_hub_name():
