@@ -80,7 +80,7 @@ def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_ptr, context_lens_ptr,  # inputs
     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,  # outputs (out, or the split partials)
     num_seqs, group, head_dim, block_size, qk_scale, num_splits,  # sizes; qk_scale = scale * log2(e)
-    window,  # keys each row sees, itself included (the launcher passes 2^30 for "every key")
+    window,  # keys each row sees, itself included (read only when WINDOWED)
     stride_qt, stride_qh,  # q [T, Hq, D], head dim contiguous
     stride_cb, stride_cs, stride_ch, stride_cd,  # caches [NB, BS, Hk, D] (shared)
     stride_bt,  # block_tables row
@@ -88,6 +88,7 @@ def _paged_attention_kernel(
     stride_ps, stride_pt, stride_ph,  # partials: acc [S, T, Hq, D] and m, l [S, T, Hq] (same s/t/h)
     BLOCK_Q: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SPLIT: tl.constexpr, FP32_IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    WINDOWED: tl.constexpr,  # a sliding-window layer (its own compile: global layers keep their registers)
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     tile = tl.program_id(0)
@@ -119,7 +120,9 @@ def _paged_attention_kernel(
 
     # Causal: the tile's last row sees keys up to kv_end - 1, its first row none before kv_lo.
     kv_end = context_len - q_len + tl.minimum(q_len, (local_tile + 1) * BLOCK_Q)
-    kv_lo = tl.maximum(context_len - q_len + local_tile * BLOCK_Q - window + 1, 0)
+    kv_lo = 0
+    if WINDOWED:
+        kv_lo = tl.maximum(context_len - q_len + local_tile * BLOCK_Q - window + 1, 0)
     if SPLIT:
         per_split = tl.cdiv(tl.cdiv(kv_end - kv_lo, num_splits), BLOCK_N) * BLOCK_N
         kv_start = kv_lo + split * per_split
@@ -145,7 +148,9 @@ def _paged_attention_kernel(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         s = _dot(q, tl.trans(k), FP32_IEEE) * qk_scale  # [BLOCK_M, BLOCK_N]
-        visible = n_ok[None, :] & (offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] > q_pos[:, None] - window)
+        visible = n_ok[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        if WINDOWED:
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
@@ -216,6 +221,8 @@ def _tiles(all_decode: bool, block_d: int, dtype: torch.dtype, target: Target) -
     on 8 warps for prefill.
     """
     fp32 = dtype == torch.float32
+    if block_d >= 256:  # Gemma's heads: half the rows per warp, or the [BLOCK_M, 256] accumulator spills
+        return _wide_head_tiles(all_decode, fp32, target)
     if all_decode:
         block_m, block_n, num_warps, num_stages = (16, 16, 4, 2) if fp32 else (16, 64 if block_d <= 64 else 32, 4, 3)
     elif fp32:
@@ -225,6 +232,19 @@ def _tiles(all_decode: bool, block_d: int, dtype: torch.dtype, target: Target) -
     if not target.compiled:
         block_n = 16  # the interpreter's cost is per element: smallest tiles
     return block_m, block_n, num_warps, num_stages
+
+
+def _wide_head_tiles(all_decode: bool, fp32: bool, target: Target) -> tuple[int, int, int, int]:
+    """D = 256 (Gemma 3), from the gate's sweeps on sm_90 and sm_80 (docs/kernels.md): the D <= 128
+    tiles take 166-192 registers at decode and spill at prefill (a [64, 256] fp32 accumulator on 4
+    warps), and fp32's 2-stage pipeline needs 50 KB of shared memory a program. 8 warps halve each
+    thread's rows; one stage at decode and BLOCK_N 16 at prefill keep sm_80's bf16 programs off
+    spills; fp32 runs 16 x 16 tiles on 8 warps, one stage."""
+    if not target.compiled:
+        return (16, 16, 4, 1) if all_decode else (32, 16, 4, 1)
+    if fp32:
+        return 16, 16, 8, 1
+    return (16, 32, 8, 1) if all_decode else (32, 16, 8, 2)
 
 
 def paged_attention(
@@ -241,9 +261,6 @@ def paged_attention(
     target = Target.of(q.device)
     return run(*plan_paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, target,
                                      num_splits, window))
-
-
-_EVERY_KEY = 1 << 30  # the kernel's window for "no window": past any context
 
 
 def plan_paged_attention(
@@ -299,11 +316,11 @@ def plan_paged_attention(
         _paged_attention_kernel, (n_tiles, n_kv_heads, num_splits),
         (q, k_cache, v_cache, block_tables, cu_seqlens_q.contiguous(), context_lens.contiguous(),
          out, part_acc, part_m, part_l,
-         n_seqs, group, head_dim, k_cache.shape[1], scale * _LOG2E, num_splits, window or _EVERY_KEY,
+         n_seqs, group, head_dim, k_cache.shape[1], scale * _LOG2E, num_splits, window,
          q.stride(0), q.stride(1), *k_cache.stride(), block_tables.stride(0), out.stride(0), out.stride(1),
          n_tokens * n_q_heads, n_q_heads, 1),
         dict(BLOCK_Q=block_q, GROUP_PAD=group_pad, BLOCK_N=block_n, BLOCK_D=block_d, SPLIT=num_splits > 1,
-             FP32_IEEE=q.dtype == torch.float32 or upcast, UPCAST=upcast),
+             FP32_IEEE=q.dtype == torch.float32 or upcast, UPCAST=upcast, WINDOWED=window > 0),
         num_warps=num_warps, num_stages=num_stages,
     )]
     if num_splits > 1:
@@ -311,6 +328,6 @@ def plan_paged_attention(
             _reduce_splits_kernel, (n_tokens, n_q_heads),
             (part_acc, part_m, part_l, out, head_dim, num_splits,
              n_tokens * n_q_heads, n_q_heads, 1, out.stride(0), out.stride(1)),
-            dict(MAX_SPLITS=_MAX_SPLITS, BLOCK_D=block_d), num_warps=4, num_stages=1,
+            dict(MAX_SPLITS=_MAX_SPLITS, BLOCK_D=block_d), num_warps=8 if block_d >= 256 else 4, num_stages=1,
         ))
     return out, launches

@@ -1,8 +1,9 @@
-"""The Llama-family shapes the kernels are compiled for (kernels/aot), and benchmarked at (bench/).
+"""The model shapes the kernels are compiled for (kernels/aot), and benchmarked at (bench/).
 
-Chosen to cover what the launchers branch on: head dim 64 and 128 (BLOCK_D), GQA ratios 1, 3, 4
-and 8 (GROUP_PAD 1, 4, 8), hidden sizes from 576 to 8192 (BLOCK_H, warps), vocabularies of 32k,
-49k and 128k. Numbers from each model's config.json on the Hugging Face hub.
+Chosen to cover what the launchers branch on: head dim 64, 128 and 256 (BLOCK_D), GQA ratios 1, 3,
+4 and 8 (GROUP_PAD 1, 4, 8), hidden sizes from 576 to 8192 (BLOCK_H, warps), vocabularies of 32k,
+49k, 128k and 262k, and the launches only other families make (Gemma 3: windowed paged attention,
+GeGLU, QK-norm rows of 256). Numbers from each model's config.json on the Hugging Face hub.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     vocab: int
+    family: str = "llama"  # services/generation/models/families.py: which parts the model's calls use
+    window: int = 0  # its sliding-window layers' window (0: none)
 
     @property
     def group(self) -> int:  # query heads per KV head
@@ -38,6 +41,7 @@ SUPPORTED = (
     LLAMA_3_8B,  # G 4
     ModelShape("Llama-2-7B", 4096, 11008, 32, 32, 128, 32000),  # G 1
     ModelShape("Llama-3-70B", 8192, 28672, 64, 8, 128, 128256),  # G 8, H 8192
+    ModelShape("Gemma-3-270M", 640, 2048, 4, 1, 256, 262144, "gemma3", 512),  # G 4, D 256, windows
 )
 # fp32 and bf16 are the engine's --dtype choices; fp16 is compiled too (the kernels accept it and
 # half of the hub's Llama checkpoints are stored in it), so adding it to the engine is safe.

@@ -102,10 +102,15 @@ def _run_step(transformer: Transformer, ops: KernelOps, block_size: int, step: S
 
 
 def _config(model: ModelShape) -> DecoderConfig:
+    windows = {}
+    if model.window:  # one windowed and one global layer: both kinds of attention call
+        windows = dict(sliding_window=model.window, layer_types=("sliding_attention", "full_attention"),
+                       rope_local_theta=10000.0)
     return DecoderConfig(
         vocab_size=model.vocab, hidden_size=model.hidden, intermediate_size=model.ffn, num_layers=2,
         num_heads=model.q_heads, num_kv_heads=model.kv_heads, head_dim=model.head_dim, rms_norm_eps=1e-5,
-        rope_theta=500000.0, max_position_embeddings=32768, tie_word_embeddings=False,
+        rope_theta=500000.0, max_position_embeddings=32768, tie_word_embeddings=False, family=model.family,
+        **windows,
     )
 
 

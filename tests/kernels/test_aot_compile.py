@@ -45,7 +45,8 @@ def test_every_engine_launch_compiles_for_hopper_and_ampere(gate_run):
     assert {o["arch"] for o in outcomes} == {"sm_90", "sm_80"}
     assert {o["dtype"] for o in attention} == {"bf16", "fp16", "fp32"}
 
-    assert {o["meta"]["BLOCK_D"] for o in attention} == {64, 128}
+    assert {o["meta"]["BLOCK_D"] for o in attention} == {64, 128, 256}  # 256: Gemma 3
+    assert {o["meta"]["WINDOWED"] for o in attention} == {True, False}
     assert {o["meta"]["GROUP_PAD"] for o in attention} == {1, 4, 8}
     assert {o["meta"]["SPLIT"] for o in attention} == {True, False}
     assert {o["meta"]["BLOCK_Q"] * o["meta"]["GROUP_PAD"] for o in attention} == {16, 32, 64}  # decode, prefill
