@@ -50,10 +50,6 @@ class DecoderConfig:
     def attention_scale(self) -> float:
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
-    def rope_base(self, layer: int) -> float:
-        """The layer's RoPE base: Gemma 3's windowed layers have their own."""
-        return self.rope_local_theta if self.rope_local_theta and self.window(layer) else self.rope_theta
-
     @property
     def qkv_bias(self) -> bool:
         """The family's (Qwen2): q, k and v projections carry a bias."""
