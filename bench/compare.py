@@ -56,7 +56,7 @@ def _stack(s: Settings, name: str, dtype: str, quantization: str):
     # The load generator is one client: let it use every slot at the top level (fair admission
     # would cap one client at 3/4 of them, 48 of the default 64).
     slots = str(max(64, *s.concurrency))
-    config = StackConfig.with_free_ports(log_dir=OUT / "logs" / name, ready_timeout_s=600.0, dtype=dtype,
+    config = StackConfig.with_free_ports(model=s.model, log_dir=OUT / "logs" / name, ready_timeout_s=600.0, dtype=dtype,
                                          quantization=quantization, generation_args=_thread_args(s),
                                          preprocess_args=["--max-requests", slots, "--max-requests-per-client", slots])
     return Stack(config)
@@ -134,7 +134,7 @@ def compare(s: Settings, gguf: str) -> dict:
         else:
             out["llama_server"]["skipped"] = "not built; run make bench-peers"
 
-        hf = HFProcess(s.prompt_words, s.max_tokens, s.threads).start()
+        hf = HFProcess(s.prompt_words, s.max_tokens, s.threads, s.model).start()
         up.callback(hf.stop)
         out["hf_generate"].update(hf.wait_ready())
         log(f"HF worker ready in {out['hf_generate']['startup_s']:.1f} s (model load {out['hf_generate']['load_s']:.1f} s)")

@@ -11,6 +11,8 @@ from bench import goals
 NOTES = Path(__file__).with_name("notes.md")
 
 
+_MODELS = {"default": "SmolLM2-135M-Instruct Q4_1 GGUF", "gemma3-270m": "Gemma 3 270M Q4_K_M GGUF (`MSTAR_MODEL=gemma3-270m`)"}
+
 def _f(x, nd: int = 1) -> str:
     if x is None:
         return "–"
@@ -64,7 +66,8 @@ def render(res: dict, plots: list[str], notes: bool = True) -> str:
         "(a shared box: other work ran during the measurement, so compare ratios taken in this one run, "
         "not absolute numbers across runs).",
         "",
-        f"Workload: SmolLM2-135M-Instruct Q4_1 GGUF (the same file for every system), {s['prompt_words']}-word "
+        f"Workload: {_MODELS.get(s.get('model', 'default'), meta.get('gguf'))} (`{meta.get('gguf')}`, the same file for every "
+        f"system), {s['prompt_words']}-word "
         f"fixed-seed synthetic prompts (~{s['prompt_words']} tokens), exactly {s['max_tokens']} new tokens "
         f"(greedy, ignore-eos), {_threads(s)}. Closed loop: N workers each send requests back to back "
         f"(2 per worker, 3 at N=1, 1 from N=32 on to keep the run short); tok/s = all output tokens / wall time of the level. All three systems are up "

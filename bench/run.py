@@ -4,6 +4,7 @@
     python -m bench.run --full          # the whole sweep (1..64 streams, 3 Poisson rates, 1..64 transport)
     python -m bench.run --only compare  # a subset (the doc is still rewritten from what ran)
     python -m bench.run --concurrency 1,4 --max-tokens 8 --variants fp32 --rounds 1 --no-cold-start   # a smoke
+    python -m bench.run --model gemma3-270m --doc docs/benchmarks-gemma3.md --json docs/benchmarks-gemma3.json
 
 Order: the comparison (mstar through Envoy, llama-server if built, HF generate; all up, measured
 in turns per level, see bench/compare.py), then the transport ceiling, then streamed input.
@@ -61,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--full", action="store_true", help="the whole sweep (tens of minutes)")
+    ap.add_argument("--model", default="default", help="a packaged model every peer serves (default, gemma3-270m); "
+                                                       "write to another --doc and --json")
     ap.add_argument("--only", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
     ap.add_argument("--json", type=Path, default=DOCS / "benchmarks.json")
     ap.add_argument("--doc", type=Path, default=DOCS / "benchmarks.md")
@@ -99,14 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_cold_start:
         s.cold_start = False
     only = set(args.only.split(","))
-    from services.generation.weights.locate import default_model_path
+    from services.common.packaged_models import packaged_model_path
 
-    gguf = default_model_path()
+    s.model = args.model
+    gguf = packaged_model_path(args.model)
     t0 = time.time()
     results: dict = {"meta": {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"), "full": args.full, "commit": _commit(), "cpu": _cpu_name(),
         "cores": os.cpu_count(), "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-        "gguf": Path(gguf).name, "settings": s.as_dict(), "json": _rel(args.json),
+        "gguf": Path(gguf).name, "model": args.model, "settings": s.as_dict(), "json": _rel(args.json),
     }}
     steps = [("compare", lambda: compare(s, gguf)),
              ("transport", lambda: {"transport": targets.transport(s)}),

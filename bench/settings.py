@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass
 class Settings:
+    model: str = "default"  # a packaged model's name (services/common/packaged_models.py): every peer serves its GGUF
     prompt_words: int = 48
     max_tokens: int = 64
     dtype: str = "auto"  # mstar generation --dtype (HF stays fp32; llama-server reads the Q4_1 GGUF)

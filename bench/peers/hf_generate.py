@@ -20,19 +20,22 @@ import sys
 import time
 
 
-def load_model(threads: int):
+def load_model(threads: int, name: str = "default"):
     import torch
     from transformers import AutoModelForCausalLM
 
     from services.generation.weights.locate import load_checkpoint
+    from services.generation.weights.random_init import hf_tensors
 
     torch.set_num_threads(threads)
-    ckpt = load_checkpoint("default")
+    ckpt = load_checkpoint(name)
     config = ckpt.config.hf_config()
     config._attn_implementation = "sdpa"
-    with torch.device("meta"):
+    # Built on meta (no random init to pay for) when every buffer can be rebuilt here: Llama's rotary
+    # tables. Other families hold more (Gemma's embedding scale): built on the CPU.
+    with torch.device("meta" if ckpt.config.family == "llama" else "cpu"):
         model = AutoModelForCausalLM.from_config(config)
-    model.load_state_dict(ckpt.state_dict, strict=False, assign=True)
+    model.load_state_dict(hf_tensors(ckpt), strict=False, assign=True)  # Gemma's norms as HF stores them
     model.tie_weights()
     model.model.rotary_emb = type(model.model.rotary_emb)(config=config)  # buffers were on meta
     return model.eval().float()
@@ -52,15 +55,14 @@ def batch_inputs(tokenizer, prompts: list[str], pad_id: int):
 
 
 class Worker:
-    PAD = 2  # <|im_end|>, the model's pad token
-
-    def __init__(self, prompt_words: int, max_tokens: int, threads: int) -> None:
+    def __init__(self, prompt_words: int, max_tokens: int, threads: int, name: str = "default") -> None:
         from bench.prompts import PromptSource
         from services.preprocess.model import load_model as load_spec
 
         t0 = time.perf_counter()
-        self.model = load_model(threads)
-        self.tokenizer = load_spec("default").tokenizer
+        self.model = load_model(threads, name)
+        self.tokenizer = load_spec(name).tokenizer
+        self.PAD = self.tokenizer.special.eos_token_ids[0]  # left padding, masked out: any id will do
         self.load_s = time.perf_counter() - t0
         self.prompts = PromptSource(prompt_words)  # the same sequence the servers get
         self.max_tokens, self.threads = max_tokens, threads
@@ -105,8 +107,9 @@ def main() -> None:
     ap.add_argument("--prompt-words", type=int, default=48)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", default="default", help="a packaged model's name")
     a = ap.parse_args()
-    worker = Worker(a.prompt_words, a.max_tokens, a.threads)
+    worker = Worker(a.prompt_words, a.max_tokens, a.threads, a.model)
     print("READY " + json.dumps(worker.info()), flush=True)
     for line in sys.stdin:
         if line.strip():
@@ -120,8 +123,9 @@ if __name__ == "__main__":
 class HFProcess:
     """The parent's handle on the worker: `start()`, `batch(b)` -> row, `stop()`."""
 
-    def __init__(self, prompt_words: int, max_tokens: int, threads: int) -> None:
-        self.argv = ["--prompt-words", str(prompt_words), "--max-tokens", str(max_tokens), "--threads", str(threads)]
+    def __init__(self, prompt_words: int, max_tokens: int, threads: int, model: str = "default") -> None:
+        self.argv = ["--prompt-words", str(prompt_words), "--max-tokens", str(max_tokens), "--threads", str(threads),
+                     "--model", model]
         self.proc = None
         self.info: dict = {}
         self._launched = 0.0

@@ -80,3 +80,4 @@ def test_the_fixture_is_transformers_greedy_on_the_file():
 
     ids = [p["prompt_ids"] for p in PROMPTS]
     assert hf_tokens(packaged_model_path("gemma3-270m"), ids, N_NEW) == [p["transformers_fp32"] for p in PROMPTS]
+
