@@ -73,6 +73,25 @@ def test_the_openai_sdk_reads_the_same_text(stack):
     assert reply.choices[0].text == detok.json()["prompt"]
 
 
+def test_structured_output_holds_on_gemmas_vocabulary(stack):
+    """Grammars compile against the 262k SentencePiece vocabulary (byte-fallback pieces, no prefix
+    space) and constrain what the model writes: a choice, then a JSON schema."""
+    client = openai.OpenAI(base_url=stack.http_url + "/v1", api_key="none", max_retries=0)
+    reply = client.completions.create(model="gemma3-270m", prompt="The sky is", max_tokens=5, temperature=1.0,
+                                      seed=1, extra_body={"guided_choice": [" blue", " green"]})
+    assert reply.choices[0].text in (" blue", " green"), reply
+    # Bounded fields only: a base model asked for an unbounded integer writes zeros until max_tokens.
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                               "capital": {"type": "boolean"}},
+              "required": ["city", "capital"], "additionalProperties": False}
+    reply = client.completions.create(model="gemma3-270m", prompt="A city in JSON:", max_tokens=40, temperature=0,
+                                      extra_body={"response_format": {"type": "json_schema", "json_schema": {
+                                          "name": "city", "schema": schema}}})
+    assert reply.choices[0].finish_reason == "stop", reply.choices[0].text
+    value = json.loads(reply.choices[0].text)
+    assert set(value) == {"city", "capital"} and isinstance(value["capital"], bool), value
+
+
 @pytest.mark.slow
 def test_the_fixture_is_transformers_greedy_on_the_file():
     from bench.gemma3 import hf_tokens
