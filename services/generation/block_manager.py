@@ -31,6 +31,11 @@ the prefix cache: one block of slack), is *window released*: the windowed layers
 runner releases them), while the full-attention layers keep the block (its id stays taken, so a
 Gemma 3 conversation's resident KV grows with its global layers only). A prefix-cache hit is cut
 back to the longest prefix whose window (the blocks the first recomputed query reads) is intact.
+When every layer is windowed (Mistral, ``reuse_passed``), nothing reads a passed block at all: the
+sequence drops it at once (its table entry becomes the *null block*, one block no sequence ever
+holds, which a windowed kernel never reads and a masked one reads as zeros), and the block goes
+back to the free list, hash and K/V intact, when its last holder drops it. A conversation then holds
+``window / block_size + 2`` blocks whatever its length, on every device.
 """
 
 from __future__ import annotations
@@ -60,15 +65,24 @@ def hash_block(parent_hash: int, token_ids: tuple[int, ...]) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, bound_resident: bool = False, window: int = 0):
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+    def __init__(self, num_blocks: int, block_size: int, bound_resident: bool = False, window: int = 0,
+                 reuse_passed: bool = False, max_chunk_tokens: int = 0):
+        """num_blocks: the KV cache's blocks; with reuse_passed (every layer windowed) the last of
+        them is the null block and the others are handed out. max_chunk_tokens: the most tokens a
+        sequence computes in one step (num_sequence_tokens)."""
+        if num_blocks < 1 + reuse_passed or block_size < 1:
+            raise ValueError(f"need num_blocks >= {1 + reuse_passed} and block_size >= 1, got {num_blocks}, {block_size}")
+        if reuse_passed and not window:
+            raise ValueError("reuse_passed needs a window")
+        self.null_block_id = num_blocks - 1 if reuse_passed else None
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        num_blocks -= reuse_passed
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.bound_resident = bound_resident
         self.window = window  # the windowed layers' window in keys; 0 = no windowed layers
+        self.max_chunk_tokens = max_chunk_tokens
         self._window_releases: list[int] = []  # window released since the last take_window_releases
-        self.blocks = [Block(i) for i in range(num_blocks)]
         self.hash_to_block_id: dict[int, int] = {}
         # Free blocks used before: nothing cached first, then cached ones least recently freed first.
         self.free_block_ids: OrderedDict[int, None] = OrderedDict()
@@ -94,6 +108,17 @@ class BlockManager:
     @property
     def num_tokens(self) -> int:
         return self.num_blocks * self.block_size
+
+    @property
+    def num_sequence_tokens(self) -> float:
+        """The longest sequence the pool holds alone: all of it, unless passed blocks are reused and
+        the most a sequence then holds at once (its window, a block of slack, a step's chunk, two
+        blocks of rounding) fits: then any length (inf)."""
+        if self.null_block_id is not None and self.max_chunk_tokens > 0:
+            most_held = self.num_blocks_for(self.window + self.block_size + self.max_chunk_tokens) + 2
+            if most_held <= self.num_blocks:
+                return float("inf")
+        return self.num_tokens
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -152,6 +177,10 @@ class BlockManager:
         passed = min(self._first_window_block(last_full), len(seq.block_table))
         for i in range(seq.num_passed_blocks, passed):
             block = self.blocks[seq.block_table[i]]
+            if self.null_block_id is not None:  # nothing reads it again: dropped, reusable
+                seq.block_table[i] = self.null_block_id
+                self._drop(block, keep_cache=True)
+                continue
             block.passed += 1
             self._maybe_release_window(block)
         seq.num_passed_blocks = max(seq.num_passed_blocks, passed)
@@ -202,24 +231,29 @@ class BlockManager:
         """Drop seq's references. keep_cache=False also forgets its blocks' hashes (bad K/V)."""
         # Tail first, so the blocks of a shared prefix are the last to be reused.
         for i in range(len(seq.block_table) - 1, -1, -1):
-            block_id = seq.block_table[i]
-            block = self.blocks[block_id]
-            if block.ref_count <= 0:
-                raise RuntimeError(f"block {block_id} freed more often than taken")
-            block.ref_count -= 1
+            block = self.blocks[seq.block_table[i]]
+            if block.block_id == self.null_block_id:  # dropped when seq passed it (reuse_passed)
+                continue
             if i < seq.num_passed_blocks:
                 block.passed -= 1
-            self._maybe_release_window(block)  # the holders left may all have passed it
-            if not keep_cache:
-                self._evict(block_id)
-            if block.ref_count == 0:
-                self.free_block_ids[block_id] = None
-                if block.hash is None:  # nothing worth keeping: reuse it first
-                    self.free_block_ids.move_to_end(block_id, last=False)
+            self._drop(block, keep_cache)
         seq.block_table = []
         seq.num_passed_blocks = 0
         if not keep_cache:
             seq.block_hashes = []
+
+    def _drop(self, block: Block, keep_cache: bool) -> None:
+        """One holder lets go of block; with none left it joins the free list."""
+        if block.ref_count <= 0:
+            raise RuntimeError(f"block {block.block_id} freed more often than taken")
+        block.ref_count -= 1
+        self._maybe_release_window(block)  # the holders left may all have passed it
+        if not keep_cache:
+            self._evict(block.block_id)
+        if block.ref_count == 0:
+            self.free_block_ids[block.block_id] = None
+            if block.hash is None:  # nothing worth keeping: reuse it first
+                self.free_block_ids.move_to_end(block.block_id, last=False)
 
     def reclaim_free_blocks(self) -> list[int]:
         """When the engine goes idle: turn free blocks back into never-used ones and return their

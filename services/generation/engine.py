@@ -94,7 +94,9 @@ class Engine:
         kv_cache = getattr(runner, "kv_cache", None)  # a NullRunner has none
         self.block_manager = BlockManager(config.num_blocks, config.block_size,
                                           bound_resident=bool(kv_cache and kv_cache.resident_on_write),
-                                          window=getattr(runner, "window", 0))  # a NullRunner: none
+                                          window=getattr(runner, "window", 0),  # a NullRunner: none
+                                          reuse_passed=getattr(runner, "every_layer_windowed", False),
+                                          max_chunk_tokens=config.max_num_batched_tokens)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.long_prefill_token_threshold),
             self.block_manager,

@@ -237,6 +237,12 @@ class ModelRunner:
         config = self.model.config
         return config.sliding_window if any(config.window(i) for i in range(config.num_layers)) else 0
 
+    @property
+    def every_layer_windowed(self) -> bool:
+        """No layer reads keys beyond the window (Mistral): passed blocks are reused (block_manager.py)."""
+        config = self.model.config
+        return all(config.window(i) for i in range(config.num_layers))
+
     def release_window_blocks(self, block_ids: list[int]) -> int:
         """The sliding-window layers' pages of blocks none of them reads again (block_manager.py)."""
         config = self.model.config

@@ -28,7 +28,7 @@ def check_prompt_tokens(token_ids: list[int], num_prompt_tokens: int, runner, bl
     too_long = prompt_too_long(num_prompt_tokens, runner.max_model_len, "prompt_token_ids", output_tokens)
     if too_long is not None:
         return too_long
-    if num_prompt_tokens > block_manager.num_tokens:
+    if num_prompt_tokens > block_manager.num_sequence_tokens:
         return errors.resource_exhausted(
             f"prompt has {num_prompt_tokens} tokens; the KV cache holds {block_manager.num_tokens}",
             "KV_CACHE_TOO_SMALL",
@@ -47,7 +47,7 @@ def check_input_end(seq: Sequence, runner, block_manager: BlockManager):
         return None
     room = runner.max_model_len - n  # >= 1: check_prompt_tokens ran on every chunk
     # The last output token is never fed back, so the pool must hold prompt + max_tokens - 1.
-    pool_room = block_manager.num_tokens - n + 1
+    pool_room = block_manager.num_sequence_tokens - n + 1
     requested = seq.params.max_tokens
     if requested is None:
         seq.max_tokens = min(room, pool_room)

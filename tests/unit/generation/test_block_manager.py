@@ -296,3 +296,52 @@ def test_a_reused_block_starts_with_every_layer_written():
     c = seq(range(100, 116), 1)
     compute(bm, c, 4)
     assert bm.take_window_releases() == [] and not bm.blocks[c.block_table[0]].window_released
+
+
+# -- every layer windowed (Mistral): a passed block is dropped at once and reused, so a sequence holds
+# window / block_size + 2 blocks however long it gets.
+
+def test_every_layer_windowed_holds_a_window_of_blocks_however_long():
+    bm = BlockManager(8, BS, window=WINDOW, reuse_passed=True)
+    null = bm.null_block_id
+    assert (null, bm.num_blocks, bm.num_free_blocks) == (7, 7, 7)
+    s = seq(range(200))
+    for _ in range(200):
+        compute(bm, s, 1)
+        held = [b for b in s.block_table if b != null]
+        assert len(held) <= WINDOW // BS + 2 and bm.num_used_blocks == len(held)
+    assert len(s.block_table) == 50 and s.block_table[:45] == [null] * 45
+    assert bm.take_window_releases() == []  # nothing to madvise: the blocks themselves came back
+    bm.free(s)
+    assert bm.num_free_blocks == 7 and all(b.ref_count == 0 for b in bm.blocks)
+
+
+def test_every_layer_windowed_a_shared_block_stays_until_its_last_holder_passes_it():
+    bm = BlockManager(32, BS, window=WINDOW, reuse_passed=True)
+    null = bm.null_block_id
+    prompt = list(range(12))
+    a = seq(prompt + [100] * 20, 0)
+    compute(bm, a, 12)  # at 12 (a boundary) queries read keys 5..: block 0 dropped, free and cached
+    assert a.block_table[0] == null and bm.num_used_blocks == 2
+    shared = a.block_table[1:3]
+    b = seq(prompt + [200], 1)
+    assert bm.allocate_cached_prefix(b) == 12  # all three hit; b drops block 0 again at once
+    assert b.block_table == [null, *shared] and [bm.blocks[x].ref_count for x in shared] == [2, 2]
+    compute(bm, a, 10)  # a at 22 (boundary 20, reading 13..) passed blocks 1 and 2: b still holds them
+    assert a.block_table[:3] == [null] * 3 and [bm.blocks[x].ref_count for x in shared] == [1, 1]
+    bm.free(b)
+    assert [bm.blocks[x].ref_count for x in shared] == [0, 0] and all(x in bm.free_block_ids for x in shared)
+    # freed with their K/V and hashes: the same conversation again hits every full block
+    again = seq(list(a.token_ids[:22]) + [5], 2)
+    bm.free(a)
+    assert bm.allocate_cached_prefix(again) == 20
+    assert sum(x != null for x in again.block_table) == 2  # only its window's blocks (3 and 4) held
+    bm.free(again)
+    assert all(b.ref_count == 0 for b in bm.blocks) and bm.num_free_blocks == 31
+
+
+def test_reuse_passed_needs_a_window_and_a_block_to_spare():
+    with pytest.raises(ValueError, match="window"):
+        BlockManager(8, BS, reuse_passed=True)
+    with pytest.raises(ValueError, match="num_blocks >= 2"):
+        BlockManager(1, BS, window=WINDOW, reuse_passed=True)

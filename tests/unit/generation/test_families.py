@@ -102,6 +102,22 @@ def test_greedy_matches_transformers_alone_and_in_a_batch(written, kernels):
     assert engine_greedy(batched, PROMPTS, 12) == expected
 
 
+@pytest.mark.parametrize("kernels", ["reference", "cpu"])
+def test_a_mistral_sequence_outgrows_the_pool_and_still_matches_transformers(kernels):
+    """Every layer windowed: blocks a sequence has passed go back to the pool (block_manager.py's
+    reuse_passed), so two 100-token prompts + 40 tokens each run on 12 blocks of 4 (47 usable
+    tokens) at once, with transformers' greedy tokens; without the reuse, KV_CACHE_TOO_SMALL."""
+    checkpoint = random_checkpoint(VARIANTS["mistral"], seed=3)
+    model = hf_model(checkpoint)
+    prompts = [list(range(20, 120)), list(range(300, 400))]
+    expected = [hf_greedy(model, p, 40) for p in prompts]
+    numerics = ORACLE if kernels == "reference" else {**ORACLE, "kernels": "cpu"}
+    engine = make_engine(checkpoint, num_blocks=12, max_num_batched_tokens=8, **numerics)
+    assert engine.block_manager.null_block_id == 11 and engine.block_manager.num_sequence_tokens == float("inf")
+    assert engine_greedy(engine, prompts, 40) == expected
+    assert engine.block_manager.num_free_blocks == 11
+
+
 def test_prefill_logits_match_transformers(written):
     _, checkpoint = written
     prompt = list(range(3, 40))
