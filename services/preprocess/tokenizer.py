@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tokenizers
-from tokenizers import decoders, models, pre_tokenizers
+from tokenizers import Regex, decoders, models, pre_tokenizers
 
 from services.preprocess.sentencepiece import piece_bytes, sentencepiece_backend, vocabulary_pieces
 
@@ -39,6 +39,34 @@ def _byte_level_alphabet() -> dict[str, int]:
 
 
 _BYTE_OF_CHAR = _byte_level_alphabet()
+
+# How a byte-level vocabulary's text is split before its merges apply, by the GGUF's
+# `tokenizer.ggml.pre` (llama.cpp's names, src/llama-vocab.cpp; the regexes are the checkpoints' own
+# tokenizer.json ones, which llama.cpp quotes). None: GPT-2's (ByteLevel's built-in regex).
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")  # one digit a piece
+_PRE_TOKENIZER_SPLITS: dict[str, str | None] = {
+    "default": None, "gpt-2": None, "phi-2": None,
+    # SmolLM's tokenizer.json splits digits first; its vocabulary has no multi-digit pieces, and
+    # transformers' reading of the GGUF (the oracle) applies GPT-2's regex alone.
+    "smollm": None,
+    "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "falcon3": _LLAMA3_SPLIT,
+    "pixtral": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT, "dbrx": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,  # Qwen2 and Qwen3 GGUFs say "qwen2"
+}
+
+
+def _byte_level_pre_tokenizer(fields: dict):
+    pre = fields.get("tokenizer.ggml.pre", "default")
+    if pre not in _PRE_TOKENIZER_SPLITS:
+        raise TokenizerError(f"tokenizer.ggml.pre {pre!r} is not supported: one of {sorted(_PRE_TOKENIZER_SPLITS)} "
+                             "(its text split decides which tokens a prompt becomes)")
+    split = _PRE_TOKENIZER_SPLITS[pre]
+    if split is None:
+        return pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
 
 
 class TokenizerError(ValueError):
@@ -76,7 +104,8 @@ class Tokenizer:
         # Prompts that start with text get BOS first (llama.cpp's and vLLM's completions do);
         # chat templates write it themselves.
         self.add_bos = add_bos and special.bos_token_id is not None
-        self._special_texts = tuple(backend.id_to_token(i) or "" for i in sorted(special.special_ids))
+        # Every token encode() matches whole in text (special and user-defined): stable_prefix_length.
+        self._added_texts = tuple(t.content for t in backend.get_added_tokens_decoder().values() if t.content)
 
     @property
     def vocab_size(self) -> int:
@@ -107,7 +136,11 @@ class Tokenizer:
         boundaries) and before any suffix that could still grow into a special token."""
         if not self.split_stable:
             return 0
-        starts = [offsets[0] for _, offsets in self._backend.pre_tokenizer.pre_tokenize_str(text)]
+        # encode() cuts the text at added tokens before the regex runs, so the last complete one
+        # ends a segment the text after it cannot reach back into ("<|im_end|>'s" is the token,
+        # then the contraction "'s"; the regex over the whole text would see "|>'" and "s").
+        segment = max((at + len(t) for t in self._added_texts if (at := text.rfind(t)) >= 0), default=0)
+        starts = [segment + offsets[0] for _, offsets in self._backend.pre_tokenizer.pre_tokenize_str(text[segment:])]
         i = len(starts) - 1
         # A committed piece must not depend on text still to come. Two regex alternatives look
         # ahead: whitespace (`\s+(?!\S)`: "\n\n\n" alone is one piece, before "x" it is
@@ -115,17 +148,10 @@ class Tokenizer:
         # span at most 3 characters. So back off over trailing whitespace and the last 3 chars.
         while i > 0 and (text[starts[i] - 1].isspace() or starts[i - 1] >= len(text) - 3):
             i -= 1
-        cut = starts[i] if starts else 0
-        for special in self._special_texts:
-            # Never cut inside a complete special token (the pre-tokenizer sees it as text).
-            at = text.find(special)
-            while 0 <= at < cut:
-                if at + len(special) > cut:
-                    cut = at
-                    break
-                at = text.find(special, at + 1)
-            for k in range(min(len(special) - 1, len(text)), 0, -1):
-                if text.endswith(special[:k]):
+        cut = starts[i] if starts else segment
+        for added in self._added_texts:  # nor before a suffix that may still grow into one
+            for k in range(min(len(added) - 1, len(text)), 0, -1):
+                if text.endswith(added[:k]):
                     cut = min(cut, len(text) - k)
                     break
         return cut
@@ -142,7 +168,7 @@ class Tokenizer:
             merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]
             vocab = {t: i for i, t in enumerate(tokens)}
             backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-            backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            backend.pre_tokenizer = _byte_level_pre_tokenizer(fields)
             backend.decoder = decoders.ByteLevel()
             token_bytes = [_byte_level_bytes(t) for t in tokens]
             # transformers respells every piece into the byte alphabet: a user-defined piece
