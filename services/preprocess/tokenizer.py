@@ -240,7 +240,9 @@ class Tokenizer:
         )
         pre = raw.get("pre_tokenizer") or {}
         split_stable = byte_level and _mentions(pre, "ByteLevel") and not pre.get("add_prefix_space", False)
-        add_bos = config.get("add_bos_token") is True
+        # transformers (5) adds BOS when the post-processor's template starts with it (Llama 2's and
+        # 3's TemplateProcessing), whatever tokenizer_config's add_bos_token says, and never without.
+        add_bos = bool(bos) and _template_starts_with(raw.get("post_processor"), bos)
         return cls(backend, token_bytes, special, split_stable=split_stable, add_bos=add_bos)
 
 
@@ -250,6 +252,17 @@ def _byte_level_bytes(piece: str) -> bytes:
     if all(c in _BYTE_OF_CHAR for c in piece):
         return bytes(_BYTE_OF_CHAR[c] for c in piece)
     return piece.encode("utf-8")
+
+
+def _template_starts_with(processor: object, token: str) -> bool:
+    """True if a tokenizer.json post-processor (possibly a Sequence) puts `token` before a single text."""
+    if not isinstance(processor, dict):
+        return False
+    if processor.get("type") == "Sequence":
+        return any(_template_starts_with(p, token) for p in processor.get("processors") or [])
+    single = processor.get("single") if processor.get("type") == "TemplateProcessing" else None
+    first = single[0] if isinstance(single, list) and single else {}
+    return isinstance(first, dict) and (first.get("SpecialToken") or {}).get("id") == token
 
 
 def _mentions(node: object, kind: str) -> bool:

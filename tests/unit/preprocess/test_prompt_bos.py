@@ -107,3 +107,32 @@ def test_the_default_model_is_unchanged(model_spec):
     messages = (ChatMessage("user", "Hi"),)
     _, ids = start(model_spec, messages=messages)
     assert ids == model_spec.tokenizer.encode(model_spec.chat_template.render(list(messages)))
+
+
+@pytest.mark.parametrize("flag", [None, True, False])
+@pytest.mark.parametrize("template", [True, False])
+def test_an_hf_directory_adds_bos_when_transformers_does(tmp_path, flag, template):
+    """Llama 3's tokenizer.json adds BOS in its post-processor's template and its tokenizer_config
+    says nothing about it. transformers 5 (what vLLM encodes with) follows the template alone: BOS
+    with it, none without, whatever add_bos_token says."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import models, pre_tokenizers, processors
+
+    vocab = {"<|begin_of_text|>": 0, "<|end_of_text|>": 1, **{c: i + 2 for i, c in enumerate("helowrd Ġ")}}
+    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.add_special_tokens([tokenizers.AddedToken(t, special=True) for t in ("<|begin_of_text|>", "<|end_of_text|>")])
+    if template:
+        backend.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", 0)])])
+    backend.save(str(tmp_path / "tokenizer.json"))
+    config = {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>",
+              "tokenizer_class": "PreTrainedTokenizerFast",
+              **({} if flag is None else {"add_bos_token": flag})}
+    (tmp_path / "tokenizer_config.json").write_text(__import__("json").dumps(config))
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path)).encode("hello")
+    ours = Tokenizer.from_json(tmp_path / "tokenizer.json", config)
+    assert ours.add_bos == (theirs[0] == 0)
+    assert ([0] if ours.add_bos else []) + ours.encode("hello") == theirs
