@@ -90,6 +90,10 @@ class GenerationMetrics:
                                       "the prefix cache.", registry=r)
         self.prefix_hits = Counter(p + "prefix_cache_hits_tokens", "Prompt tokens served from the "
                                    "prefix cache.", registry=r)
+        self.spec_drafts = Counter(p + "spec_decode_draft_tokens", "Tokens proposed to speculative verify "
+                                   "steps, by proposer.", ["proposer"], registry=r)
+        self.spec_accepted = Counter(p + "spec_decode_accepted_tokens", "Proposed tokens the verify steps "
+                                     "accepted, by proposer.", ["proposer"], registry=r)
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens of finished requests.", registry=r)
         self.generation_tokens = Counter(p + "generation_tokens", "Tokens generated.", registry=r)
         self.finished = Counter(p + "requests_finished", "Requests ended, by finish reason and status "
@@ -170,6 +174,8 @@ class GenerationMetrics:
         self._count_delta("preemptions", sched.num_preemptions, self.preemptions)
         self._count_delta("prefix_q", bm.num_prefix_query_tokens, self.prefix_queries)
         self._count_delta("prefix_h", bm.num_prefix_hit_tokens, self.prefix_hits)
+        self._count_delta("spec_d", engine.stats.num_spec_proposed, self.spec_drafts.labels("ngram"))
+        self._count_delta("spec_a", engine.stats.num_spec_accepted, self.spec_accepted.labels("ngram"))
         for c in out.completed:
             self.on_request_finished(c)
         for f in out.failed:

@@ -30,6 +30,8 @@ from services.generation import heap
 from services.generation.engine import Engine, EngineConfig, SamplingParams
 from services.generation.faults import attach_boundaries, install_from_env
 from services.generation.servicer import GenerationServicer
+from services.generation.speculation import MODES as SPECULATION_MODES
+from services.generation.speculation import SpeculationConfig
 from services.generation.step_choice import MODES, STEP_ENV
 from services.generation.torch_thread import TorchThread
 from services.generation.watchdog import DEFAULT_TIMEOUT_S, watch_engine
@@ -67,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "eager: op by op (debugging; the test suite's); graph, fused: that step or a start-up error")
     p.add_argument("--embedding-pooling", default="mean", choices=["mean", "last"],
                    help="how embedding requests pool the final hidden states of their prompt (docs/design.md)")
+    p.add_argument("--speculative", default="auto", choices=list(SPECULATION_MODES),
+                   help="speculative decoding: ngram (prompt lookup), off, or auto: ngram where a verify row "
+                        "computes a decode row's bits (the CPU kernels on block codes), off elsewhere")
+    p.add_argument("--speculative-tokens", type=int, default=4, help="the most tokens proposed per sequence and step")
     p.add_argument("--kv-blocks", type=int, default=1024)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=64)
@@ -165,7 +171,8 @@ async def serve(args) -> bool:
     metadata = getattr(runner, "numerics_metadata", None)
     servicer.numerics = metadata() if metadata else json.dumps({"kernels": "null engine"})
     config = EngineConfig(args.kv_blocks, args.block_size, args.max_num_seqs, args.max_batched_tokens,
-                          long_prefill_token_threshold=args.long_prefill_token_threshold)
+                          long_prefill_token_threshold=args.long_prefill_token_threshold,
+                          speculation=SpeculationConfig(args.speculative, num_tokens=args.speculative_tokens))
 
     metrics = GenerationMetrics(model_name=args.model)  # vllm:* gauges are labelled as vLLM labels them
     metrics.watch_serving(state)

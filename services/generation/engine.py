@@ -59,6 +59,7 @@ from services.generation.request_endings import RequestEndings
 from services.generation.sampling_params import SamplingParams
 from services.generation.scheduler import Scheduler, SchedulerConfig
 from services.generation.sequence import Sequence
+from services.generation.speculation import SpeculationConfig, Speculator
 from services.generation.stats import EngineStats
 from services.generation.torch_thread import TorchThread
 
@@ -76,6 +77,7 @@ class EngineConfig:
     long_prefill_token_threshold: int | None = None  # prefill fairness (scheduler.py); None: half the budget
     idle_wait_s: float = 0.05  # how long an idle loop sleeps between checks for stop
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
 
 
 class Engine:
@@ -121,7 +123,9 @@ class Engine:
                                         self.serving, self.stats, self.endings)
         self.postprocess = Postprocess(runner, self.grammars, self.boundary)
         self._step = EngineStep(self.scheduler, self.block_manager, runner, self.postprocess, self.stats,
-                                self.endings, on_launch=self._report_held)
+                                self.endings, on_launch=self._report_held,
+                                speculator=Speculator(config.speculation, runner.max_model_len,
+                                                      getattr(runner, "verify_rows_exact", False)))
 
     # -- thread-safe API ----------------------------------------------------------------------
 

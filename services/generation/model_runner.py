@@ -17,6 +17,7 @@ from kernels.dispatch import KernelOps
 from services.generation.compiled_step import CompiledStep, CudaGraphDecode
 from services.generation.fused_step import FusedStep, fusable
 from services.generation.models.kv_cache import KVCache
+from services.generation.models.linear import Quantized
 from services.generation.models.llama import StepMetadata, Transformer
 from services.generation.numerics import choose, resolve_device
 from services.generation.outputs import SampleOutput
@@ -141,6 +142,7 @@ class ModelRunner:
         for seq, n, is_sampling in zip(seqs, num_new_tokens, sampling, strict=True):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             input_ids.extend(seq.token_ids[start:end])
+            input_ids.extend(seq.proposal[:end - max(start, len(seq))])  # a verify step (speculation.py)
             positions.extend(range(start, end))
             table = seq.block_table
             for b in range(start // bs, (end - 1) // bs + 1):  # one range per touched block
@@ -203,8 +205,7 @@ class ModelRunner:
         for seq, k, is_sampling, is_pooling in zip(seqs, rows, sampling, pooling, strict=True):
             end += k
             if not seq.is_embedding:
-                if is_sampling:
-                    sample_rows.append(end - 1)
+                sample_rows.extend(range(end - int(is_sampling), end))  # 1 + len(proposal) rows
                 continue
             if mean and k:
                 chunk = hidden[end - k:end].float().sum(dim=0)
@@ -236,6 +237,17 @@ class ModelRunner:
         """The sliding-window layers' window in keys (0: none): the block manager's window release."""
         config = self.model.config
         return config.sliding_window if any(config.window(i) for i in range(config.num_layers)) else 0
+
+    @property
+    def verify_rows_exact(self) -> bool:
+        """A speculative verify row gets a decode row's bits (speculation.py): the CPU kernels on a
+        step that covers verify batches, every matmul block codes (quant_matmul treats each row
+        alike; a dense F.linear blocks a 5-row GEMM unlike a 1-row GEMV, 1e-6 apart)."""
+        m = self.model
+        matmuls = [m.lm_head, *(p for b in m.blocks for p in (b.attention.qkv_proj, b.attention.o_proj,
+                                                              b.ffn.gate_up_proj, b.ffn.down_proj))]
+        return (self.device.type == "cpu" and self.numerics.kernels == "cpu" and self.step_choice.step in ("fused", "eager")
+                and all(isinstance(p, Quantized) for p in matmuls))
 
     @property
     def every_layer_windowed(self) -> bool:

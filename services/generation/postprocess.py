@@ -43,10 +43,12 @@ class Postprocess:
         self.grammars = grammars
         self.boundary = boundary
 
-    def __call__(self, rows, seqs: list[Sequence], sampling: list[bool], pooling: list[bool],
+    def __call__(self, rows, seqs: list[Sequence], sampling: list[int], pooling: list[bool],
                  now: float) -> list[RowOutcome]:
-        """One outcome per sequence that samples or pools in this step, in batch order."""
-        sampled = [seq for seq, is_sampling in zip(seqs, sampling, strict=True) if is_sampling]
+        """The outcomes of the sequences that sample or pool in this step, in batch order.
+        sampling[i]: how many logits rows seq i has (0: none; 1 + len(seq.proposal) for a verify
+        step, speculation.py), which may give it several token outcomes, in output order."""
+        sampled = [seq for seq, n in zip(seqs, sampling, strict=True) for _ in range(int(n))]
 
         def draw(indices: list[int]) -> list[tuple]:
             result: SampleOutput = self.runner.sample(rows, [sampled[i] for i in indices], indices)
@@ -54,13 +56,27 @@ class Postprocess:
 
         drawn = iter(self.boundary.each("sample", [seq.key for seq in sampled], draw))
         outcomes, pooled = [], 0
-        for seq, is_sampling, is_pooling in zip(seqs, sampling, pooling, strict=True):
+        for seq, n, is_pooling in zip(seqs, sampling, pooling, strict=True):
             if is_pooling:
                 data = self.boundary.call("pool", seq.key, self.runner.embedding, rows, pooled, seq)
                 pooled += 1
                 outcomes.append(self._embedding(seq, data))
-            elif is_sampling:
-                outcomes.append(self._token(seq, next(drawn), now))
+            elif n:
+                outcomes.extend(self._accepted(seq, [next(drawn) for _ in range(int(n))], now))
+        return outcomes
+
+    def _accepted(self, seq: Sequence, drawn: list, now: float) -> list[RowOutcome]:
+        """Row j's token counts only if every proposal before it was what row j - 1 produced (greedy
+        verification: the longest matching prefix plus the token after it); an outcome that finishes
+        or fails the request is its last."""
+        outcomes = []
+        for j, row in enumerate(drawn):
+            outcome = self._token(seq, row, now)
+            outcomes.append(outcome)
+            if outcome.error is not None or outcome.finish_reason is not None:
+                break
+            if j == len(seq.proposal) or seq.proposal[j] != outcome.token.token_id:
+                break
         return outcomes
 
     def _embedding(self, seq: Sequence, data) -> RowOutcome:

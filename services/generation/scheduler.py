@@ -106,6 +106,10 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = self._chunk(seq, budget, running_behind=i + 1, waiting_from=0)
+            if seq.proposal:  # speculation.py: verified only as far as the budget goes, never preempting
+                if n > 1 and not self.block_manager.can_allocate(seq, n):
+                    n = 1
+                seq.proposal = seq.proposal[:max(n - 1, 0)]
             if n == 0:
                 i += 1
                 continue
@@ -126,8 +130,8 @@ class Scheduler:
         leaves for the sequences behind it (the module's docstring): the running ones from
         running[running_behind], then the waiting ones from waiting[waiting_from], one per free seat."""
         need = seq.num_schedulable_tokens
-        if need <= 1:
-            return min(need, budget)
+        if need <= 1:  # a decode: its token and what it verifies (speculation.py)
+            return min(need + len(seq.proposal) if need else 0, budget)
         seats = self.config.max_num_seqs - len(self.running) - waiting_from
         waiting = (s for s in itertools.islice(self.waiting, waiting_from, None) if s.num_schedulable_tokens)
         decodes = shorter = 0

@@ -66,6 +66,9 @@ class Sequence:
     # Embedding requests with mean pooling: the model runner's running sum of the final hidden
     # states of the prompt tokens computed so far (a tensor; typed Any to stay torch-free).
     pooled: Any = None
+    # Speculative decoding (speculation.py): tokens this step verifies after its last token.
+    proposal: tuple[int, ...] = ()
+    spec_tokens: int = 0  # its proposal length now (0: the configured most; it adapts)
 
     def __post_init__(self):
         self.num_prompt_tokens = len(self.token_ids)
@@ -113,5 +116,6 @@ class Sequence:
         self.num_computed_tokens = 0
         self.block_table = []
         self.num_passed_blocks = 0
+        self.proposal = ()
         self.pooled = None  # the recompute pools every prompt token again
         self.status = SequenceStatus.WAITING

@@ -37,6 +37,8 @@ class EngineStats:
         self.num_failed = 0
         self.num_generated_tokens = 0
         self.num_batched_tokens_total = 0
+        self.num_spec_proposed = 0  # speculative decoding (speculation.py): tokens proposed
+        self.num_spec_accepted = 0  # and accepted by verify steps
         self._snapshot: dict[str, float] = {}
 
     def update(self, engine) -> None:
@@ -59,6 +61,9 @@ class EngineStats:
             "request_faults": sum(engine.boundary.num_faults.values()),
             "generated_tokens": self.num_generated_tokens,
             "batched_tokens": self.num_batched_tokens_total,
+            "spec_proposed_tokens": self.num_spec_proposed,
+            "spec_accepted_tokens": self.num_spec_accepted,
+            "spec_acceptance_rate": self.num_spec_accepted / self.num_spec_proposed if self.num_spec_proposed else 0.0,
         }
         compiler = engine.grammars.compiler
         if compiler is not None:

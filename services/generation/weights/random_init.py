@@ -105,7 +105,7 @@ def _check_gguf_windows(c: DecoderConfig) -> None:
         raise ValueError("a GGUF windows every layer or none: no layer_types")
 
 
-def save_gguf(checkpoint: Checkpoint, path: str, linear_type: str = "Q4_1") -> str:
+def save_gguf(checkpoint: Checkpoint, path: str, linear_type: str = "Q4_1", head_type: str | None = None) -> str:
     """Write a GGUF as llama.cpp's converter does for the checkpoint's family: 2-D projection weights
     as linear_type, everything else F32, q/k rows permuted for "llama" files, Llama 3 scaling as rope_freqs."""
     import gguf
@@ -148,6 +148,9 @@ def save_gguf(checkpoint: Checkpoint, path: str, linear_type: str = "Q4_1") -> s
         data = w.float().contiguous().numpy()
         if ".layers." in name and w.dim() == 2:
             writer.add_tensor(gguf_name(name, fam), quantize(data, kind), raw_dtype=kind)
+        elif head_type and name == "lm_head.weight":  # the real default model's head is Q8_0
+            head = gguf.GGMLQuantizationType[head_type]
+            writer.add_tensor(gguf_name(name, fam), quantize(data, head), raw_dtype=head)
         else:  # norms as the served multipliers: what llama.cpp writes for Gemma too (w + 1)
             writer.add_tensor(gguf_name(name, fam), data)
     writer.write_header_to_file()

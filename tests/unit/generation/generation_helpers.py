@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from services.generation.engine import Engine, EngineConfig
 from services.generation.model_runner import ModelRunner, RunnerConfig
+from services.generation.speculation import SpeculationConfig
 
 
-def make_engine(checkpoint, num_blocks=64, block_size=4, max_num_seqs=32, max_num_batched_tokens=64, **runner_kw):
+def make_engine(checkpoint, num_blocks=64, block_size=4, max_num_seqs=32, max_num_batched_tokens=64,
+                speculation: SpeculationConfig | None = None, **runner_kw):
     """runner_kw: RunnerConfig fields (dtype, quantization, kernels, ...); eager unless warmed up."""
     runner = ModelRunner(checkpoint, RunnerConfig(num_blocks, block_size, "cpu", num_threads=1, **runner_kw))
-    config = EngineConfig(num_blocks, block_size, max_num_seqs, max_num_batched_tokens)
+    config = EngineConfig(num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
+                          speculation=speculation or SpeculationConfig())
     return Engine(runner, config, on_step=lambda out: None)
 
 

@@ -147,11 +147,12 @@ def test_metrics_server_serves_exposition():
     assert body == generate_latest(m.registry).decode()  # the whole registry, nothing else
 
 
-def fake_engine(running=0, preemptions=0, q=0, h=0):
+def fake_engine(running=0, preemptions=0, q=0, h=0, proposed=0, accepted=0):
     return SimpleNamespace(
         scheduler=SimpleNamespace(running=[object()] * running, waiting=[], num_preemptions=preemptions),
         block_manager=SimpleNamespace(num_used_blocks=running, num_free_blocks=10 - running,
                                       num_prefix_query_tokens=q, num_prefix_hit_tokens=h),
+        stats=SimpleNamespace(num_spec_proposed=proposed, num_spec_accepted=accepted),
     )
 
 
@@ -163,8 +164,10 @@ def test_on_engine_output_is_the_whole_step_wiring():
     m.on_engine_output(step, fake_engine(running=2, preemptions=1, q=32, h=16))
     failure = SimpleNamespace(error=SimpleNamespace(code=SimpleNamespace(name="INTERNAL")))
     last = SimpleNamespace(num_batched_tokens=2, tokens=[tok], completed=[completion()], failed=[failure])
-    m.on_engine_output(last, fake_engine(running=0, preemptions=1, q=64, h=16))
+    m.on_engine_output(last, fake_engine(running=0, preemptions=1, q=64, h=16, proposed=8, accepted=5))
     assert value(m, "mstar_generation_steps_total") == 3
+    assert value(m, "mstar_generation_spec_decode_draft_tokens_total", {"proposer": "ngram"}) == 8
+    assert value(m, "mstar_generation_spec_decode_accepted_tokens_total", {"proposer": "ngram"}) == 5
     assert value(m, "mstar_generation_step_seconds_count") == 2  # the first step followed idleness
     assert value(m, "mstar_generation_generation_tokens_total") == 5
     assert value(m, "mstar_generation_preemptions_total") == 1  # cumulative engine counter, counted once

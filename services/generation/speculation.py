@@ -1,0 +1,107 @@
+"""Speculative decoding by prompt lookup: propose the tokens that followed the last occurrence of
+the sequence's own latest n-gram, and let one step verify them (no torch, no grpc).
+
+A verify step feeds a decoding sequence its last token *and* k proposed tokens (the scheduler
+counts 1 + k tokens for it); the model's logits at those k + 1 positions give, for greedy decoding,
+the tokens non-speculative decoding would have produced one step at a time, as long as each
+proposal matched the token before it. postprocess.py accepts the longest matching prefix plus the
+token after it (so a step yields 1 to k + 1 tokens, identical to decoding them one by one); the
+engine then sets the computed count to the accepted length, and the K/V written for rejected
+proposals is overwritten by the next step (blocks are never registered in the prefix cache before
+their tokens are final).
+
+Only greedy requests without grammar or penalties speculate: their token at a position depends on
+nothing but the tokens before it, which is what makes acceptance exact (sampling would need the
+rejection-sampling rule and per-position seeds; penalties and grammars would need the accepted
+tokens folded in between rows). Speculation also stops while more sequences decode than
+``max_rows``: a batch that large is compute-bound on a CPU, and verifying k extra positions per
+row then costs more than the weight reads it saves (bench/speculation.py). Each sequence's proposal
+length adapts to what it gets accepted: one more after a step that took them all, half after one
+that took none (at least 1), so a request whose text is not in its prompt costs one extra row a step.
+
+Exactness needs a verify row to be computed with the same arithmetic as a decode row. On the CPU
+kernels it is (their attention gives every row of a short chunk the decode path's work item, and
+their matmuls treat rows alike: kernels/cpu/csrc/attention.h) and so on the reference kernels;
+elsewhere (an Inductor graph or a CUDA graph that covers decode steps only, Triton's prefill
+tiles) a verify step would run other code than decode, so ``auto`` leaves speculation off there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.generation.sequence import Sequence
+
+MODES = ("auto", "off", "ngram")
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    mode: str = "auto"  # "ngram" (prompt lookup) | "off" | "auto": ngram where verify rows are exact
+    num_tokens: int = 4  # the most tokens proposed per sequence and step (each adapts below it)
+    max_ngram: int = 3  # the longest suffix looked up; shorter ones are tried after it
+    min_ngram: int = 1
+    max_rows: int = 4  # decoding sequences above which no one speculates
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"speculative must be one of {MODES}, got {self.mode!r}")
+        if self.num_tokens < 1 or not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError("speculation needs num_tokens >= 1 and 1 <= min_ngram <= max_ngram")
+
+
+def propose_ngram(token_ids: list[int], k: int, max_ngram: int, min_ngram: int) -> tuple[int, ...]:
+    """Up to k tokens that followed the latest earlier occurrence of the longest suffix of
+    token_ids (max_ngram down to min_ngram tokens long) that occurs earlier; () when none does."""
+    n_tokens = len(token_ids)
+    for n in range(min(max_ngram, n_tokens - 1), min_ngram - 1, -1):
+        suffix = token_ids[n_tokens - n:]
+        first = suffix[0]
+        # Scan backwards from the latest possible start (the suffix itself excluded).
+        for start in range(n_tokens - n - 1, -1, -1):
+            if token_ids[start] == first and token_ids[start:start + n] == suffix:
+                follow = token_ids[start + n:start + n + k]
+                if follow:
+                    return tuple(follow)
+    return ()
+
+
+def can_speculate(seq: Sequence) -> bool:
+    """Greedy, no grammar, no penalties, generating (not an embedding)."""
+    p = seq.params
+    return (p.temperature == 0 and p.structured_output is None and not p.has_penalties
+            and p.embedding is None and seq.grammar is None)
+
+
+class Speculator:
+    """Sets each eligible decoding sequence's `proposal` before the scheduler runs; counts what
+    was proposed and accepted (EngineStats)."""
+
+    def __init__(self, config: SpeculationConfig, max_model_len: int, verify_rows_exact: bool):
+        self.config = config
+        self.max_model_len = max_model_len
+        self.active = config.mode == "ngram" or (config.mode == "auto" and verify_rows_exact)
+
+    @staticmethod
+    def adapt(seq: Sequence, proposed: int, accepted: int, most: int) -> None:
+        """The sequence's next proposal length: one more after a full acceptance, half after none."""
+        if accepted == proposed:
+            seq.spec_tokens = min(most, proposed + 1)
+        elif accepted == 0:
+            seq.spec_tokens = max(1, proposed // 2)
+
+    def propose(self, running: list[Sequence]) -> None:
+        decoding = [s for s in running if s.is_input_done and s.num_output_tokens and s.num_schedulable_tokens == 1]
+        for seq in running:
+            seq.proposal = ()
+        if not self.active or len(decoding) > self.config.max_rows:
+            return
+        c = self.config
+        for seq in decoding:
+            if not can_speculate(seq):
+                continue
+            # Room: the step's own token is the first output; a proposal never runs past
+            # max_tokens or the context (its last token would be fed back beyond them).
+            room = min(seq.spec_tokens or c.num_tokens, seq.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq) - 1)
+            if room > 0:
+                seq.proposal = propose_ngram(seq.token_ids, room, c.max_ngram, c.min_ngram)
