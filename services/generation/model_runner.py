@@ -131,7 +131,12 @@ class ModelRunner:
 
     def prepare(self, seqs: list[Sequence], num_new_tokens: list[int], sampling: list[bool] | list[int]):
         """Step tensors for seqs computing num_new_tokens each; final hidden states (and logits) at
-        the last sampling[i] rows of seq i (True = its last row, False = none)."""
+        the last sampling[i] rows of seq i (True = its last row, False = none).
+
+        A verify step's rows (its last token, then its proposal: speculation.py) go in as one
+        single-row sequence each, of contexts p + 1 for its positions p: decode rows to every kernel
+        (the same arithmetic, so the same bits, as decoding them one step at a time; CUDA graphs
+        and the CPU attention's register path take them as they take decode rows)."""
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -139,21 +144,25 @@ class ModelRunner:
         cu_seqlens = [0]
         context_lens: list[int] = []
         logits_indices: list[int] = []
+        tables: list[list[int]] = []
         for seq, n, is_sampling in zip(seqs, num_new_tokens, sampling, strict=True):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             input_ids.extend(seq.token_ids[start:end])
-            input_ids.extend(seq.proposal[:end - max(start, len(seq))])  # a verify step (speculation.py)
+            input_ids.extend(seq.proposal[:end - max(start, len(seq))])
             positions.extend(range(start, end))
             table = seq.block_table
             for b in range(start // bs, (end - 1) // bs + 1):  # one range per touched block
                 lo, hi = max(start, b * bs), min(end, (b + 1) * bs)
                 base = table[b] * bs - b * bs
                 slots.extend(range(base + lo, base + hi))
-            cu_seqlens.append(cu_seqlens[-1] + n)
-            context_lens.append(end)
+            rows = [(p, p + 1) for p in range(start, end)] if seq.proposal else [(start, end)]
+            for lo, hi in rows:
+                cu_seqlens.append(cu_seqlens[-1] + hi - lo)
+                context_lens.append(hi)
+                tables.append(table)
             logits_indices.extend(range(cu_seqlens[-1] - int(is_sampling), cu_seqlens[-1]))
-        width = max(len(s.block_table) for s in seqs)
-        tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
+        width = max(len(t) for t in tables)
+        tables = [t + [0] * (width - len(t)) for t in tables]
         dev = self.device
         meta = StepMetadata(
             positions=torch.tensor(positions, dtype=torch.int64, device=dev),

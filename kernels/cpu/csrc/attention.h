@@ -314,18 +314,12 @@ void attend(const Shapes& s, const Item& it, const float* q, const C* k_cache, c
     }
 }
 
-// The work items of a step: (sequence, KV head, up to kRowsPerItem query rows). A sequence of at
-// most kRowsPerItem rows (a speculative verify step: its decode row and the proposals after it) gets
-// one item per row, so every row takes the decode rows' arithmetic and its bits are those of
-// decoding it alone: greedy speculation then yields exactly the tokens plain decoding would
-// (services/generation/speculation.py). Prefill chunks are longer and keep the shared K/V reads.
+// The work items of a step: (sequence, KV head, up to kRowsPerItem query rows).
 inline void build_items(int64_t B, int64_t Hk, const int32_t* cu, std::vector<Item>& items) {
   items.clear();
-  for (int64_t i = 0; i < B; ++i) {
-    const int64_t q_len = cu[i + 1] - cu[i], per = q_len <= kRowsPerItem ? 1 : kRowsPerItem;
-    for (int64_t r0 = 0; r0 < q_len; r0 += per)
-      for (int64_t h = 0; h < Hk; ++h) items.push_back({i, r0, std::min<int64_t>(per, q_len - r0), h});
-  }
+  for (int64_t i = 0; i < B; ++i)
+    for (int64_t r0 = 0; r0 < cu[i + 1] - cu[i]; r0 += kRowsPerItem)
+      for (int64_t h = 0; h < Hk; ++h) items.push_back({i, r0, std::min<int64_t>(kRowsPerItem, cu[i + 1] - cu[i] - r0), h});
 }
 
 }  // namespace mstar_cpu::attn
