@@ -19,11 +19,12 @@ row then costs more than the weight reads it saves (bench/speculation.py). Each 
 length adapts to what it gets accepted: one more after a step that took them all, half after one
 that took none (at least 1), so a request whose text is not in its prompt costs one extra row a step.
 
-Exactness needs a verify row to be computed with the same arithmetic as a decode row. On the CPU
-kernels it is (their attention gives every row of a short chunk the decode path's work item, and
-their matmuls treat rows alike: kernels/cpu/csrc/attention.h) and so on the reference kernels;
-elsewhere (an Inductor graph or a CUDA graph that covers decode steps only, Triton's prefill
-tiles) a verify step would run other code than decode, so ``auto`` leaves speculation off there.
+Exactness needs a verify row to be computed with the same arithmetic as a decode row. The runner
+hands each verify row to the kernels as a single-row sequence (model_runner.prepare), so attention
+sees decode rows; the matmuls must treat rows alike too, which the CPU kernels' quant_matmul does
+and a dense F.linear (a 5-row GEMM blocked unlike a 1-row GEMV) does not. So ``auto`` turns
+speculation on where every matmul is block codes on the CPU kernels
+(ModelRunner.verify_rows_exact) and leaves it off elsewhere.
 """
 
 from __future__ import annotations
