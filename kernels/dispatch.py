@@ -78,10 +78,13 @@ def _cpu_impls() -> dict[str, Callable]:
 
     cpu.ensure_loaded()  # raises KernelBuildError when the library cannot be built here
 
+    from kernels.reference.sampling import apply_sampling_filters
+
     def sample(logits, temperature, top_k, top_p, min_p, seeds, offsets):
         if not bool((temperature > 0).any()):  # every row greedy: the vectorised argmax
             return cpu.argmax_rows(logits)
-        return reference.sample_ref(logits, temperature, top_k, top_p, min_p, seeds, offsets)
+        filtered = apply_sampling_filters(logits, temperature, top_k, top_p, min_p)
+        return cpu.gumbel_argmax(filtered, temperature, seeds, offsets)  # draw_ref, hashing fewer tokens
 
     return _reference_impls() | {"attention": cpu.attention, "sample": sample, "greedy": cpu.greedy_rows,
                                  "decoder_stack": cpu.decoder_stack}

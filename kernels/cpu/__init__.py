@@ -17,6 +17,8 @@
         the greedy draw (first index of the max, like torch.argmax, vectorised).
     greedy_rows(logits [B, V] fp32) -> [B] int64
         argmax_rows straight from the model: -1 for a row holding a NaN or an infinity.
+    gumbel_argmax(logits [R, V] fp32 filtered, temperature [R], seeds [R], offsets [R]) -> [R] int64
+        the sampled draw (the reference's draw_ref), hashing only the tokens that can win.
     instruction_sets() -> ["avx2", "fma", ...]
         what the loaded build was compiled for, among the features the kernels branch on: which
         paths run (library.ISAS; $MSTAR_KERNEL_ISA forces a build).
@@ -35,6 +37,7 @@ from kernels.cpu import library
 from kernels.cpu.packing import PackedWeight, pack, unpack_rows
 
 __all__ = ["PackedWeight", "argmax_rows", "attention", "decoder_stack", "dequantize_rows", "ensure_loaded", "greedy_rows",
+           "gumbel_argmax",
            "instruction_sets", "load_error", "pack",
            "quant_matmul", "unpack_rows"]
 
@@ -109,6 +112,13 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:  # [B, V] fp32 -> [B] int
 
 def greedy_rows(logits: torch.Tensor) -> torch.Tensor:  # [B, V] fp32 -> [B] int64, -1 = not finite
     return torch.ops.mstar_cpu.greedy_rows(logits)
+
+
+def gumbel_argmax(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
+                  offsets: torch.Tensor) -> torch.Tensor:
+    """The sampled draw of filtered logits [R, V] fp32: argmax of logits / t + Gumbel noise at
+    (seeds, offsets) [R] int64, the reference's draw_ref; t = 0 rows take the argmax."""
+    return torch.ops.mstar_cpu.gumbel_argmax(logits, temperature.float(), seeds.long(), offsets.long())
 
 
 def instruction_sets() -> list[str]:

@@ -219,3 +219,26 @@ def test_greedy_rows_draw_with_the_vectorised_argmax_and_sampled_rows_with_the_r
     ops = KernelOps.create("cpu", backend="cpu")
     for temperature in (torch.zeros(4), torch.tensor([0.0, 0.7, 0.0, 1.3])):
         assert ops.sample(logits, temperature, **params).tolist() == sample_ref(logits, temperature, **params).tolist()
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 300, 49152 + 3])
+@pytest.mark.parametrize("spread", [0.01, 1.0, 30.0], ids=["flat", "normal", "peaked"])  # how many tokens can win
+def test_the_sampled_draw_is_the_references(vocab, spread):
+    """gumbel_argmax hashes only the tokens that can win, and draws what draw_ref draws: over seeds
+    (negative ones too), offsets and temperatures (0 included), with filtered (-inf) tokens, an
+    all-filtered row, and rows longer than one work item."""
+    from kernels.reference.sampling import draw_ref
+
+    rows = 48
+    g = torch.Generator().manual_seed(vocab)
+    logits = spread * torch.randn(rows, vocab, generator=g)
+    logits[1, : vocab // 2] = float("-inf")  # a filter removed half
+    logits[2] = float("-inf")  # all removed: the argmax's index 0, like the reference
+    if vocab > 1:
+        logits[3, 1:] = float("-inf")  # only one left
+    temperature = torch.rand(rows, generator=g) * 2
+    temperature[::7] = 0.0  # greedy rows among the sampled
+    seeds = torch.randint(-2**62, 2**62, (rows,), generator=g)
+    offsets = torch.randint(0, 4096, (rows,), generator=g)
+    got = cpu.gumbel_argmax(logits, temperature, seeds, offsets)
+    assert got.tolist() == draw_ref(logits, temperature, seeds, offsets).tolist()

@@ -23,6 +23,8 @@ at::Tensor dequantize_rows(const at::Tensor& codes, const at::Tensor& scale, con
                            int64_t n, int64_t k, const at::Tensor& ids);
 at::Tensor argmax_rows(const at::Tensor& logits);
 at::Tensor greedy_rows(const at::Tensor& logits);
+at::Tensor gumbel_argmax(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& seeds,
+                         const at::Tensor& offsets);
 
 // The instruction sets this build was compiled for, among those the kernels' #if paths test
 // (quant_matmul.h, attention.h, sampling.cpp), named as /proc/cpuinfo names them: a test checks
@@ -62,6 +64,7 @@ TORCH_LIBRARY(mstar_cpu, m) {
   m.def("dequantize_rows(Tensor codes, Tensor scale, Tensor offset, int bits, int n, int k, Tensor ids) -> Tensor");
   m.def("argmax_rows(Tensor logits) -> Tensor");
   m.def("greedy_rows(Tensor logits) -> Tensor");
+  m.def("gumbel_argmax(Tensor logits, Tensor temperature, Tensor seeds, Tensor offsets) -> Tensor");
   m.def("instruction_sets() -> str", &mstar_cpu::instruction_sets);  // no tensor to dispatch on: every key
 }
 
@@ -72,5 +75,6 @@ TORCH_LIBRARY_IMPL(mstar_cpu, CPU, m) {
   m.impl("dequantize_rows", &mstar_cpu::dequantize_rows);
   m.impl("argmax_rows", &mstar_cpu::argmax_rows);
   m.impl("greedy_rows", &mstar_cpu::greedy_rows);
+  m.impl("gumbel_argmax", &mstar_cpu::gumbel_argmax);
 }
 

@@ -9,6 +9,16 @@
 // sampler takes it for an all-greedy batch (services/generation/sampler.py): one pass and one call
 // instead of a sum, an isfinite, a host copy and six parameter tensors (0.5 ms of a 1-row step
 // after the weights have streamed through the caches).
+// gumbel_argmax: the sampled draw, logits [R, V] fp32 (already filtered: removed tokens are -inf),
+// temperature [R] fp32, seeds and offsets [R] int64 -> [R] int64:
+// argmax_v x_v / t + g_v with g_v = -log(-log(u_v)), u_v = counter_hash(key, v), the reference's
+// draw (kernels/reference/sampling.py draw_ref) with the same integer hash and fp32 steps; a row
+// with t = 0 takes the argmax; keys as counter_hash.row_keys. The reference hashes and takes two logs of every token: 3.2 ms a
+// row at V = 49,152 on the 2-core box, as long as a 1-row decode step (every sampled token and every
+// sampled speculative verify row pays it). Here only tokens that can win are hashed: u <= 1 - 2^-24,
+// so g_v < 16.64, and a token whose x_v / t + 16.7 is below the score of the row's largest logit
+// cannot be the argmax; a row's tokens are split in chunks over the threads. Logs are the C library's logf where the reference uses torch's: the two
+// can differ in the last bit, which changes a token only at a near-exact tie of two scores.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -19,6 +29,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 namespace mstar_cpu {
 
@@ -96,7 +107,97 @@ at::Tensor argmax_each_row(const at::Tensor& logits, const char* name) {
   return out;
 }
 
+inline uint32_t mix32(uint32_t x) {  // counter_hash.mix32: lowbias32, arithmetic mod 2^32
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  return x ^ (x >> 16);
+}
+
+uint32_t row_key(int64_t seed, int64_t offset) {  // counter_hash.row_keys
+  const uint64_t s = static_cast<uint64_t>(seed), o = static_cast<uint64_t>(offset);
+  uint32_t key = mix32(static_cast<uint32_t>(o >> 32) ^ 0x9E3779B9u);  // ^ GOLDEN
+  key = mix32(static_cast<uint32_t>(o) ^ key);
+  key = mix32(static_cast<uint32_t>(s >> 32) ^ key);
+  return mix32(static_cast<uint32_t>(s) ^ key);
+}
+
+inline float gumbel(uint32_t key, int64_t v) {
+  const uint32_t h = mix32(key ^ mix32(static_cast<uint32_t>(v) + 0x632BE5ABu));  // + SALT mod 2^32
+  const float u = static_cast<float>((h >> 9) * 2 + 1) * 0x1p-24f;  // an odd multiple of 2^-24 in (0, 1)
+  return -std::log(-std::log(u));
+}
+
+struct Best {
+  float score;
+  int64_t index;
+  bool beats(const Best& other) const {  // ties: the lowest index, as torch.argmax
+    return score > other.score || (score == other.score && index < other.index);
+  }
+};
+
+// The best token of x[v0, v1) against `floor` (the score of the row's largest logit, `top`).
+Best best_in(const float* x, int64_t v0, int64_t v1, float t, uint32_t key, Best floor) {
+  constexpr float kMostNoise = 16.7f;  // > -log(-log(1 - 2^-24)) = 16.64, the largest g
+  Best best = floor;
+  for (int64_t v = v0; v < v1; ++v) {
+    const float s = x[v] / t;
+    if (s + kMostNoise < floor.score || v == floor.index) continue;
+    const Best here{s + gumbel(key, v), v};
+    if (here.beats(best)) best = here;
+  }
+  return best;
+}
+
 }  // namespace
+
+at::Tensor gumbel_argmax(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& seeds,
+                         const at::Tensor& offsets) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.device().is_cpu(),
+              "gumbel_argmax: logits must be a 2-D fp32 CPU tensor");
+  const int64_t rows = logits.size(0), n = logits.size(1);
+  TORCH_CHECK(temperature.scalar_type() == at::kFloat && temperature.numel() == rows &&
+                  seeds.scalar_type() == at::kLong && seeds.numel() == rows && offsets.scalar_type() == at::kLong &&
+                  offsets.numel() == rows,
+              "gumbel_argmax: temperature [R] fp32, seeds and offsets [R] int64 for logits [R, V]");
+  at::Tensor x = logits.contiguous(), t = temperature.contiguous();
+  at::Tensor sd = seeds.contiguous(), of = offsets.contiguous();
+  at::Tensor out = at::empty({rows}, x.options().dtype(at::kLong));
+  const float* xp = x.data_ptr<float>();
+  const float* tp = t.data_ptr<float>();
+  int64_t* op = out.data_ptr<int64_t>();
+  std::vector<uint32_t> keys(rows);
+  std::vector<Best> floors(rows);
+  std::vector<bool> sampled(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = xp + r * n;
+    const int64_t top = n ? argmax_row<false>(row, n) : 0;
+    op[r] = top;  // greedy rows, and rows with every token removed, keep it
+    sampled[r] = n && tp[r] != 0.0f && row[top] > -std::numeric_limits<float>::infinity();
+    keys[r] = row_key(sd.data_ptr<int64_t>()[r], of.data_ptr<int64_t>()[r]);
+    if (sampled[r]) floors[r] = Best{row[top] / tp[r] + gumbel(keys[r], top), top};
+  }
+  // Work items of up to 8,192 tokens, so one row's draw takes every thread.
+  constexpr int64_t kChunk = 8192;
+  const int64_t chunks = std::max<int64_t>(1, (n + kChunk - 1) / kChunk);
+  std::vector<Best> found(rows * chunks);
+  at::parallel_for(0, rows * chunks, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t r = i / chunks, c = i % chunks;
+      if (sampled[r])
+        found[i] = best_in(xp + r * n, c * kChunk, std::min(n, (c + 1) * kChunk), tp[r], keys[r], floors[r]);
+    }
+  });
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!sampled[r]) continue;
+    Best best = floors[r];
+    for (int64_t c = 0; c < chunks; ++c)
+      if (found[r * chunks + c].beats(best)) best = found[r * chunks + c];
+    op[r] = best.index;
+  }
+  return out;
+}
 
 at::Tensor argmax_rows(const at::Tensor& logits) { return argmax_each_row<false>(logits, "argmax_rows"); }
 
