@@ -105,6 +105,8 @@ _ROWS = (
     SamplingField("include_stop", bool, False, "Keep the matched stop string in the output.",
                   contract="include_stop_str_in_output", engine=False),
     SamplingField("n", int, 1, "Independent completions of one request.", engine=False),
+    SamplingField("speculative", bool, None, "Speculative decoding: unset = the server's policy, false = never, "
+                  "true = also in large batches (outputs are the same either way)."),
 )
 FIELDS: dict[str, SamplingField] = {row.name: row for row in _ROWS}
 ENGINE_FIELDS: tuple[SamplingField, ...] = tuple(row for row in _ROWS if row.engine)

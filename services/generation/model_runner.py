@@ -224,10 +224,12 @@ class ModelRunner:
         return StepRows(self.model.logits(hidden[sample_rows]) if sample_rows else None, pooled)
 
     @torch.inference_mode()
-    def sample(self, rows: StepRows, seqs: list[Sequence], indices: list[int]) -> SampleOutput:
-        """The tokens (and logprobs) of seqs, drawn from rows.logits[indices] (one per seq)."""
+    def sample(self, rows: StepRows, seqs: list[Sequence], indices: list[int],
+               ahead: list[tuple[int, ...]] | None = None) -> SampleOutput:
+        """The tokens (and logprobs) of seqs, drawn from rows.logits[indices] (one per seq);
+        ahead[i]: proposed tokens row i comes after (a verify step's rows, sampler.py)."""
         logits = rows.logits if indices == list(range(rows.logits.shape[0])) else rows.logits[indices]
-        return self.sampler(logits, seqs)
+        return self.sampler(logits, seqs, ahead)
 
     def embedding(self, rows: StepRows, index: int, seq: Sequence) -> bytes | None:
         """The embedding of the index-th pooling seq of the step (None: not finite)."""

@@ -42,7 +42,7 @@ class NullRunner:
             time.sleep(self.step_time_s)
         return NullRows([True] * sum(sampling))
 
-    def sample(self, rows: NullRows, seqs: list[Sequence], indices: list[int]) -> SampleOutput:
+    def sample(self, rows: NullRows, seqs: list[Sequence], indices: list[int], ahead=None) -> SampleOutput:
         return SampleOutput([self.token_id] * len(indices), [None] * len(indices), [rows.is_finite[i] for i in indices])
 
     def embedding(self, rows: NullRows, index: int, seq: Sequence) -> bytes:

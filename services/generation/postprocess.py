@@ -49,9 +49,13 @@ class Postprocess:
         sampling[i]: how many logits rows seq i has (0: none; 1 + len(seq.proposal) for a verify
         step, speculation.py), which may give it several token outcomes, in output order."""
         sampled = [seq for seq, n in zip(seqs, sampling, strict=True) for _ in range(int(n))]
+        # Row j of a verify step draws as if the first j proposed tokens were already the
+        # sequence's: its seed position, penalties and grammar state (sampler.py).
+        ahead = [seq.proposal[:j] for seq, n in zip(seqs, sampling, strict=True) for j in range(int(n))]
 
         def draw(indices: list[int]) -> list[tuple]:
-            result: SampleOutput = self.runner.sample(rows, [sampled[i] for i in indices], indices)
+            result: SampleOutput = self.runner.sample(rows, [sampled[i] for i in indices], indices,
+                                                      [ahead[i] for i in indices])
             return list(zip(result.token_ids, result.logprobs, result.is_finite, strict=True))
 
         drawn = iter(self.boundary.each("sample", [seq.key for seq in sampled], draw))
@@ -66,9 +70,10 @@ class Postprocess:
         return outcomes
 
     def _accepted(self, seq: Sequence, drawn: list, now: float) -> list[RowOutcome]:
-        """Row j's token counts only if every proposal before it was what row j - 1 produced (greedy
-        verification: the longest matching prefix plus the token after it); an outcome that finishes
-        or fails the request is its last."""
+        """Row j's token counts only if every proposal before it was what row j - 1 produced: the
+        longest matching prefix plus the token after it, an outcome that finishes or fails the
+        request being its last. Each row's token is the one decoding one token a step would draw
+        there (greedy, or seeded sampling: speculation.py), so this is exact for both."""
         outcomes = []
         for j, row in enumerate(drawn):
             outcome = self._token(seq, row, now)

@@ -15,6 +15,12 @@ Per row (one per sequence that samples this step), in order:
      the same tokens alone, in any batch, and after a preemption.
 A batch whose rows are all plain greedy (temperature 0, no grammar, logprobs or penalties) takes
 one op instead, KernelOps.greedy: the argmax and step 1's finiteness check in one pass.
+
+A speculative verify step (speculation.py) gives a sequence several rows; row j comes after the
+first j proposed tokens (`ahead`), and is drawn exactly as decoding would draw the token there if
+those tokens were the sequence's: its noise at output index num_output_tokens + j, its penalties
+counting them, its grammar mask after accepting them (then rolled back). So an accepted row's token
+is the token one-token-a-step decoding gives, for sampled and constrained requests too.
 """
 
 from __future__ import annotations
@@ -33,8 +39,10 @@ class Sampler:
         self.device = device
         self.token_masks = TokenMasks()
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleOutput:
-        """logits [S, V] fp32, one row per sequence in seqs."""
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence],
+                 ahead: list[tuple[int, ...]] | None = None) -> SampleOutput:
+        """logits [S, V] fp32, one row per entry of seqs; ahead[i]: the proposed tokens row i
+        comes after (None: none for every row)."""
         if all(_plain_greedy(s) for s in seqs):
             # Steps 1 and 5 in one op (steps 2-4 do nothing here): the general path's sum, isfinite,
             # host copy and six parameter tensors cost 0.5 ms of a 1-row CPU step, run as they are
@@ -49,12 +57,12 @@ class Sampler:
             logits = torch.where(finite[:, None], logits, torch.zeros((), device=logits.device))
         grammars = [s.grammar for s in seqs]
         if any(g is not None for g in grammars):
-            self.token_masks.apply(logits, grammars)
+            self.token_masks.apply(logits, grammars, ahead)
         params = [s.params for s in seqs]
         want_logprobs = [p.logprobs is not None for p in params]
         log_probs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None  # [S, V]
         if any(p.has_penalties for p in params):
-            logits = apply_penalties(logits, seqs)
+            logits = apply_penalties(logits, seqs, ahead)
 
         def column(values, dtype):
             return torch.tensor(values, dtype=dtype, device=self.device)
@@ -66,7 +74,8 @@ class Sampler:
             column([p.top_p for p in params], torch.float32),
             column([p.min_p for p in params], torch.float32),
             column([s.seed for s in seqs], torch.int64),
-            column([s.num_output_tokens for s in seqs], torch.int64),
+            column([s.num_output_tokens + len(a) for s, a in zip(seqs, ahead or [()] * len(seqs), strict=True)],
+                   torch.int64),
         )  # [S] int64
         token_ids = tokens.tolist()
         logprobs: list[TokenLogprobs | None] = [None] * len(seqs)
@@ -81,9 +90,11 @@ def _plain_greedy(seq: Sequence) -> bool:
     return p.temperature == 0 and seq.grammar is None and p.logprobs is None and not p.has_penalties
 
 
-def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """Penalised copy of logits [S, V]; rows without penalties are untouched."""
+def apply_penalties(logits: torch.Tensor, seqs: list[Sequence], ahead: list[tuple[int, ...]] | None = None) -> torch.Tensor:
+    """Penalised copy of logits [S, V]; rows without penalties are untouched. A row's output is
+    its sequence's followed by its `ahead` tokens."""
     rows = [i for i, s in enumerate(seqs) if s.params.has_penalties]
+    extra = [list(ahead[i]) if ahead else [] for i in rows]
     vocab = logits.shape[-1]
     out = logits.clone()
     sub = out[rows]  # [R, V]
@@ -100,10 +111,10 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         return c[:, :vocab]
 
     chosen = [seqs[i] for i in rows]
-    output_counts = counts([s.output_token_ids for s in chosen])  # [R, V]
+    output_counts = counts([s.output_token_ids + e for s, e in zip(chosen, extra, strict=True)])  # [R, V]
     rep = torch.tensor([s.params.repetition_penalty for s in chosen], device=device)[:, None]  # [R, 1]
     if bool((rep != 1.0).any()):
-        seen = counts([s.token_ids for s in chosen]) > 0  # prompt + output
+        seen = counts([s.token_ids + e for s, e in zip(chosen, extra, strict=True)]) > 0  # prompt + output
         penalised = torch.where(sub > 0, sub / rep, sub * rep)
         sub = torch.where(seen, penalised, sub)
     freq = torch.tensor([s.params.frequency_penalty for s in chosen], device=device)[:, None]

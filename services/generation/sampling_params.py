@@ -43,6 +43,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = _default("stop_token_ids")
     ignore_eos: bool = _default("ignore_eos")
     logprobs: int | None = _default("logprobs")  # None = no logprobs; n = the sampled token's logprob + top n
+    speculative: bool | None = _default("speculative")  # None = the engine's policy (speculation.py)
     # None = free text; else the output must match this grammar (common/structured_output.py). It is
     # checked by the engine (validate_structured_output), which names the offending part.
     structured_output: StructuredOutput | None = None

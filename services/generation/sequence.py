@@ -69,6 +69,8 @@ class Sequence:
     # Speculative decoding (speculation.py): tokens this step verifies after its last token.
     proposal: tuple[int, ...] = ()
     spec_tokens: int = 0  # its proposal length now (0: the configured most; it adapts)
+    spec_rate: float = 1.0  # moving average of its proposals' accepted share
+    spec_idle: int = 0  # steps without a proposal since its share fell below the policy's floor
 
     def __post_init__(self):
         self.num_prompt_tokens = len(self.token_ids)

@@ -10,14 +10,26 @@ engine then sets the computed count to the accepted length, and the K/V written 
 proposals is overwritten by the next step (blocks are never registered in the prefix cache before
 their tokens are final).
 
-Only greedy requests without grammar or penalties speculate: their token at a position depends on
-nothing but the tokens before it, which is what makes acceptance exact (sampling would need the
-rejection-sampling rule and per-position seeds; penalties and grammars would need the accepted
-tokens folded in between rows). Speculation also stops while more sequences decode than
-``max_rows``: a batch that large is compute-bound on a CPU, and verifying k extra positions per
-row then costs more than the weight reads it saves (bench/speculation.py). Each sequence's proposal
-length adapts to what it gets accepted: one more after a step that took them all, half after one
-that took none (at least 1), so a request whose text is not in its prompt costs one extra row a step.
+Every generating request may speculate: greedy, sampled, with penalties or a grammar. The sampler
+draws verify row j as decoding would draw the token at that position if the first j proposals
+were the sequence's (its Gumbel noise is a pure function of (seed, output index, token), its
+penalties count those proposals, its grammar mask comes after them: sampler.py), so the accepted
+rows are exactly the tokens one-token-a-step decoding gives, seed for seed. For a sampled request
+that *is* the standard rejection-sampling rule for a proposer that puts all its mass on one
+token: the proposal is kept with probability p(x) (the draw equals it), and a rejected position
+takes the draw, which is distributed as p restricted to the other tokens, i.e. norm(max(0, p - q)).
+A grammar's proposal is cut to the tokens the matcher accepts (SequenceGrammar.legal_prefix);
+the matcher advances only on accepted rows (its tentative steps are rolled back).
+
+Speculation stops while more sequences decode than ``max_rows`` (a request's own `speculative:
+true` goes on past it; false turns it off): a batch that large is compute-bound on a CPU, and
+verifying k extra positions per row then costs more than the weight reads it saves
+(bench/speculation.py). Each sequence's proposal length adapts to what it gets accepted: one more
+after a step that took them all, half after one that took none (at least 1). And a sequence whose
+proposals rarely hold (a moving average of the accepted share below ``min_acceptance``) proposes
+only one token every ``probe_every`` steps until one holds again: a verify row costs a fraction of
+a step (on the 2-core CPU ~0.13 of a 1-row step greedy, ~0.2 sampled, where each row draws its own
+noise over the vocabulary), so below that share speculation would make the request slower.
 
 Exactness needs a verify row to be computed with the same arithmetic as a decode row. The runner
 hands each verify row to the kernels as a single-row sequence (model_runner.prepare), so attention
@@ -43,6 +55,8 @@ class SpeculationConfig:
     max_ngram: int = 3  # the longest suffix looked up; shorter ones are tried after it
     min_ngram: int = 1
     max_rows: int = 4  # decoding sequences above which no one speculates
+    min_acceptance: float = 0.25  # accepted share (moving average) below which a sequence only probes
+    probe_every: int = 8  # steps between one-token probes of such a sequence
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -68,10 +82,8 @@ def propose_ngram(token_ids: list[int], k: int, max_ngram: int, min_ngram: int) 
 
 
 def can_speculate(seq: Sequence) -> bool:
-    """Greedy, no grammar, no penalties, generating (not an embedding)."""
-    p = seq.params
-    return (p.temperature == 0 and p.structured_output is None and not p.has_penalties
-            and p.embedding is None and seq.grammar is None)
+    """A generating request (not an embedding) that did not turn speculation off."""
+    return seq.params.embedding is None and seq.params.speculative is not False
 
 
 class Speculator:
@@ -85,24 +97,35 @@ class Speculator:
 
     @staticmethod
     def adapt(seq: Sequence, proposed: int, accepted: int, most: int) -> None:
-        """The sequence's next proposal length: one more after a full acceptance, half after none."""
+        """The sequence's next proposal length (one more after a full acceptance, half after none)
+        and its accepted share's moving average (a quarter weight on this step)."""
         if accepted == proposed:
             seq.spec_tokens = min(most, proposed + 1)
         elif accepted == 0:
             seq.spec_tokens = max(1, proposed // 2)
+        seq.spec_rate = 0.75 * seq.spec_rate + 0.25 * accepted / proposed
 
     def propose(self, running: list[Sequence]) -> None:
         decoding = [s for s in running if s.is_input_done and s.num_output_tokens and s.num_schedulable_tokens == 1]
         for seq in running:
             seq.proposal = ()
-        if not self.active or len(decoding) > self.config.max_rows:
+        if not self.active:
             return
         c = self.config
+        crowded = len(decoding) > c.max_rows
         for seq in decoding:
-            if not can_speculate(seq):
+            if not can_speculate(seq) or (crowded and seq.params.speculative is not True):
                 continue
             # Room: the step's own token is the first output; a proposal never runs past
             # max_tokens or the context (its last token would be fed back beyond them).
             room = min(seq.spec_tokens or c.num_tokens, seq.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq) - 1)
+            if seq.spec_rate < c.min_acceptance:  # its proposals rarely hold: probe now and then
+                seq.spec_idle += 1
+                if seq.spec_idle < c.probe_every:
+                    continue
+                seq.spec_idle, room = 0, min(room, 1)
             if room > 0:
-                seq.proposal = propose_ngram(seq.token_ids, room, c.max_ngram, c.min_ngram)
+                proposal = propose_ngram(seq.token_ids, room, c.max_ngram, c.min_ngram)
+                if proposal and seq.grammar is not None:
+                    proposal = proposal[:seq.grammar.legal_prefix(proposal)]
+                seq.proposal = proposal

@@ -51,6 +51,7 @@ class Sampling:
     logprobs: int | None = None
     include_stop: bool = False
     n: int | None = None
+    speculative: bool | None = None
     structured_output: StructuredOutput | None = None  # None = free text
     # The alias the client sent where a field has several public names (OpenAI chat's
     # `max_tokens` for `max_completion_tokens`): (field, public name) pairs, so an error or a

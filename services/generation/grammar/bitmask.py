@@ -33,13 +33,17 @@ class TokenMasks:
         self.fill_seconds = 0.0  # cumulative (bench/grammar.py reads them)
         self.apply_seconds = 0.0
 
-    def apply(self, logits: torch.Tensor, grammars: list) -> None:
-        """logits [S, V] fp32; grammars[i] is row i's SequenceGrammar or None (unconstrained)."""
+    def apply(self, logits: torch.Tensor, grammars: list, ahead: list[tuple[int, ...]] | None = None) -> None:
+        """logits [S, V] fp32; grammars[i] is row i's SequenceGrammar or None (unconstrained);
+        ahead[i]: tokens row i's mask comes after (a speculative verify row: matcher.fill_after)."""
         start = time.perf_counter()
         bitmask = self._buffer(logits.shape[0], logits.shape[1])
         rows = []
+        for grammar in grammars:
+            if grammar is not None:
+                grammar.is_dead_end = False  # a verify row's dead end may be a row nobody reaches
         for row, grammar in enumerate(grammars):
-            if grammar is not None and grammar.fill(bitmask, row):
+            if grammar is not None and grammar.fill_after(ahead[row] if ahead else (), bitmask, row):
                 rows.append(row)
         filled = time.perf_counter()
         self.fill_seconds += filled - start

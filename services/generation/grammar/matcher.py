@@ -28,6 +28,37 @@ class SequenceGrammar:
         """Write the allowed next tokens into bitmask[row]; False when every token is allowed."""
         return self._matcher.fill_next_token_bitmask(bitmask, row)
 
+    def fill_after(self, tokens: tuple[int, ...], bitmask, row: int) -> bool:
+        """fill, as if tokens had been accepted first (a speculative verify row); the matcher ends
+        where it was. The proposal was cut to what the grammar accepts (legal_prefix), so each
+        accept here succeeds."""
+        if not tokens:
+            return self.fill(bitmask, row)
+        taken = 0
+        try:
+            for token in tokens:
+                if not self._matcher.accept_token(token):
+                    raise RuntimeError(f"a proposed token the grammar does not accept: {token}")
+                taken += 1
+            return self.fill(bitmask, row)
+        finally:
+            if taken:
+                self._matcher.rollback(taken)
+
+    def legal_prefix(self, tokens: tuple[int, ...]) -> int:
+        """How many of tokens, in order, the grammar accepts from here (nothing after a stop
+        token); the matcher ends where it was."""
+        taken = 0
+        try:
+            for token in tokens:
+                if self._matcher.is_terminated() or not self._matcher.accept_token(token):
+                    break
+                taken += 1
+            return taken
+        finally:
+            if taken:
+                self._matcher.rollback(taken)
+
     def accept(self, token_id: int) -> bool:
         if not self._matcher.accept_token(token_id):
             return False

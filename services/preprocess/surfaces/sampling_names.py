@@ -55,6 +55,7 @@ NAMES: dict[str, dict[str, tuple[str, ...]]] = {
     "logprobs": {CHAT: ("top_logprobs",), COMPLETIONS: ("logprobs",)},
     "include_stop": _openai("include_stop_str_in_output"),
     "n": _openai("n"),
+    "speculative": {},  # the native API's alone (no peer API has it)
 }
 
 

@@ -33,8 +33,8 @@ def test_the_dataclasses_carry_exactly_the_tables_rows():
 
 def value(row: SamplingField):
     """Any value the contract's bounds and wire type allow for one row (None: unset)."""
-    if row.kind is bool:
-        return st.booleans()
+    if row.kind is bool:  # a plain bool (ignore_eos), or an optional one (speculative: unset = policy)
+        return st.booleans() if row.default is not None else st.none() | st.booleans()
     if row.repeated:
         item = st.text(max_size=8) if row.kind is str else st.integers(0, 2**31 - 1)
         return st.lists(item, max_size=3).map(tuple)

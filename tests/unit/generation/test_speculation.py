@@ -1,6 +1,8 @@
 """Speculative decoding by prompt lookup (speculation.py) is exact: greedy tokens and their
 logprobs are those of decoding one token a step, alone and batched, with max_tokens, stop tokens and
-prompts that repeat; the KV of rejected proposals never leaks into the prefix cache or the pool."""
+prompts that repeat; the KV of rejected proposals never leaks into the prefix cache or the pool.
+Sampled, penalised and grammar-constrained requests get the tokens they get without speculation,
+seed for seed (test_speculation_sampled.py)."""
 
 from __future__ import annotations
 
@@ -96,15 +98,26 @@ def test_the_prefix_cache_only_holds_final_tokens(checkpoint):
     assert again[1] == expected[1]
 
 
-def test_no_speculation_past_max_rows_or_for_sampled_requests(checkpoint):
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+def test_no_speculation_past_max_rows_unless_a_request_asks(checkpoint):
+    """Above max_rows decoding sequences nobody speculates, except a request with speculative=True;
+    speculative=False turns it off for that request alone."""
+    def proposed(params_of):
+        engine = make_engine(checkpoint, dtype="float32", quantization="none",
+                             speculation=SpeculationConfig("ngram", num_tokens=4, max_rows=2))
+        for i in range(3):
+            engine.add_request(i, REPEAT, params_of(i))
+        tokens, _, failed, _ = drive(engine)
+        assert not failed
+        return engine.stats.num_spec_proposed, tokens
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    crowded, want = proposed(lambda i: greedy)
+    assert crowded == 0
+    asked, got = proposed(lambda i: dataclasses.replace(greedy, speculative=True) if i == 0 else greedy)
+    assert asked > 0 and got == want
     engine = make_engine(checkpoint, dtype="float32", quantization="none",
-                         speculation=SpeculationConfig("ngram", num_tokens=4, max_rows=2))
-    for i in range(3):
-        engine.add_request(i, REPEAT, params)
-    drive(engine)
-    assert engine.stats.num_spec_proposed == 0
-    engine.add_request(9, REPEAT, SamplingParams(temperature=0.8, seed=1, max_tokens=12))
+                         speculation=SpeculationConfig("ngram", num_tokens=4, max_rows=8))
+    engine.add_request(0, REPEAT, dataclasses.replace(greedy, speculative=False))
     drive(engine)
     assert engine.stats.num_spec_proposed == 0
 
@@ -178,3 +191,27 @@ def test_verify_rows_carry_decode_rows_bits_on_the_cpu_kernels(quantized, step):
         if mode == "ngram":
             assert engine.stats.num_spec_proposed > 0
     assert results["ngram"] == results["off"]
+
+
+def test_a_sequence_whose_proposals_rarely_hold_only_probes():
+    """Below min_acceptance (moving average) a sequence proposes one token every probe_every steps;
+    a probe that holds brings it back to every step."""
+    from services.generation.sequence import Sequence, Timing
+    from services.generation.speculation import Speculator
+
+    speculator = Speculator(SpeculationConfig("ngram", num_tokens=4, min_acceptance=0.25, probe_every=4), 1000, True)
+    seq = Sequence(0, 0, [1, 2, 3, 4, 5, 6, 7, 8, 1, 2], SamplingParams(temperature=0.7), 0, Timing(0.0, 0.0),
+                   max_tokens=100)
+    seq.append_output(3)
+    seq.num_computed_tokens = len(seq) - 1
+
+    def step(accepted: int) -> int:
+        speculator.propose([seq])
+        proposed = len(seq.proposal)
+        if proposed:
+            Speculator.adapt(seq, proposed, min(accepted, proposed), 4)
+        return proposed
+
+    assert [step(0) for _ in range(6)] == [4, 2, 1, 1, 1, 0]  # the share: 0.75, 0.56, 0.42, 0.32, 0.24
+    assert [step(0) for _ in range(8)] == [0, 0, 1, 0, 0, 0, 1, 0]  # a probe every 4th step
+    assert [step(1) for _ in range(5)] == [0, 0, 1, 2, 2]  # a probe held: every step again, and longer
