@@ -149,11 +149,12 @@ grpcurl: $(STAMP_SETUP) ## grpcurl from the venv (pinned, no install): make grpc
 
 # ---------------------------------------------------------------- benchmarks
 .PHONY: bench
-bench: $(STAMP_PROTO) ## CPU benchmarks vs peers in one run, then the serving cost, the step vs its floor and faithfulness; writes docs/benchmarks.md
+bench: $(STAMP_PROTO) ## CPU benchmarks vs peers in one run, then the serving cost, the step vs its floor, faithfulness and speculation; writes docs/benchmarks.md
 	$(PY) -m bench.run
 	$(MAKE) --no-print-directory bench-serving
 	$(PY) -m bench.cpu_floor --json bench/out/cpu_floor.json --doc docs/benchmarks.md
 	$(PY) -m bench.faithfulness --json bench/out/faithfulness.json --doc docs/benchmarks.md
+	$(PY) -m bench.speculation
 
 .PHONY: bench-peers
 bench-peers: $(STAMP_PROTO) ## Build llama.cpp's llama-server (~8 min, cached in ~/.cache/mstar), then make bench

@@ -28,8 +28,9 @@ verifying k extra positions per row then costs more than the weight reads it sav
 after a step that took them all, half after one that took none (at least 1). And a sequence whose
 proposals rarely hold (a moving average of the accepted share below ``min_acceptance``) proposes
 only one token every ``probe_every`` steps until one holds again: a verify row costs a fraction of
-a step (on the 2-core CPU ~0.13 of a 1-row step greedy, ~0.2 sampled, where each row draws its own
-noise over the vocabulary), so below that share speculation would make the request slower.
+a 1-row step (~0.1-0.15 on the 2-core CPU), so below that share speculation makes the request
+slower (bench/speculation.py's ordinary workload: best at 0.15 of 0, 0.15 and 0.25, greedy and
+sampled).
 
 Exactness needs a verify row to be computed with the same arithmetic as a decode row. The runner
 hands each verify row to the kernels as a single-row sequence (model_runner.prepare), so attention
@@ -55,7 +56,7 @@ class SpeculationConfig:
     max_ngram: int = 3  # the longest suffix looked up; shorter ones are tried after it
     min_ngram: int = 1
     max_rows: int = 4  # decoding sequences above which no one speculates
-    min_acceptance: float = 0.25  # accepted share (moving average) below which a sequence only probes
+    min_acceptance: float = 0.15  # accepted share (moving average) below which a sequence only probes
     probe_every: int = 8  # steps between one-token probes of such a sequence
 
     def __post_init__(self):
