@@ -37,6 +37,7 @@ VALID = [
     {"model_kwargs": {"sampling": {"structured_output": {"choice": {"choices": ["a", "b"]}}, "temperature": "NaN"}}},
     {"text": None, "model_kwargs": {"sampling": {"max_tokens": None, "ignore_eos": True}}, "ends": []},
     {"model_kwargs": {"sampling": {"max_tokens": 3.0, "frequency_penalty": "-1.5e0"}}},
+    {"model_kwargs": {"sampling": {"speculative": False, "temperature": 0.7, "seed": 3}}},
 ]
 
 
@@ -74,6 +75,7 @@ def test_an_unknown_field_at_any_depth_is_named(value, field):
     ({"model_kwargs": {"sampling": {"max_tokens": 2**31}}}, "input.model_kwargs.sampling.max_tokens", "range"),
     ({"model_kwargs": {"sampling": {"temperature": "hot"}}}, "input.model_kwargs.sampling.temperature", "number"),
     ({"model_kwargs": {"sampling": {"ignore_eos": "yes"}}}, "input.model_kwargs.sampling.ignore_eos", "true or false"),
+    ({"model_kwargs": {"sampling": {"speculative": 1}}}, "input.model_kwargs.sampling.speculative", "true or false"),
     ({"model_kwargs": {"sampling": {"stop": "x"}}}, "input.model_kwargs.sampling.stop", "array"),
     ({"model_kwargs": {"sampling": {"stop_token_ids": [1, 2**40]}}},
      "input.model_kwargs.sampling.stop_token_ids[1]", "range"),
