@@ -155,6 +155,7 @@ bench: $(STAMP_PROTO) ## CPU benchmarks vs peers in one run, then the serving co
 	$(PY) -m bench.cpu_floor --json bench/out/cpu_floor.json --doc docs/benchmarks.md
 	$(PY) -m bench.faithfulness --json bench/out/faithfulness.json --doc docs/benchmarks.md
 	$(PY) -m bench.speculation
+	$(PY) -m bench.speculation_draft
 
 .PHONY: bench-peers
 bench-peers: $(STAMP_PROTO) ## Build llama.cpp's llama-server (~8 min, cached in ~/.cache/mstar), then make bench

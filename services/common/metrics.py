@@ -174,8 +174,9 @@ class GenerationMetrics:
         self._count_delta("preemptions", sched.num_preemptions, self.preemptions)
         self._count_delta("prefix_q", bm.num_prefix_query_tokens, self.prefix_queries)
         self._count_delta("prefix_h", bm.num_prefix_hit_tokens, self.prefix_hits)
-        self._count_delta("spec_d", engine.stats.num_spec_proposed, self.spec_drafts.labels("ngram"))
-        self._count_delta("spec_a", engine.stats.num_spec_accepted, self.spec_accepted.labels("ngram"))
+        proposer = engine.speculator.proposer
+        self._count_delta("spec_d", engine.stats.num_spec_proposed, self.spec_drafts.labels(proposer))
+        self._count_delta("spec_a", engine.stats.num_spec_accepted, self.spec_accepted.labels(proposer))
         for c in out.completed:
             self.on_request_finished(c)
         for f in out.failed:

@@ -70,8 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--embedding-pooling", default="mean", choices=["mean", "last"],
                    help="how embedding requests pool the final hidden states of their prompt (docs/design.md)")
     p.add_argument("--speculative", default="auto", choices=list(SPECULATION_MODES),
-                   help="speculative decoding: ngram (prompt lookup), off, or auto: ngram where a verify row "
-                        "computes a decode row's bits (the CPU kernels on block codes), off elsewhere")
+                   help="speculative decoding: ngram (prompt lookup), draft (a --draft-model's greedy tokens), off, "
+                        "or auto: draft with a --draft-model, else ngram where a verify row computes a decode "
+                        "row's bits (the CPU kernels on block codes), off elsewhere")
+    p.add_argument("--draft-model", default=None,
+                   help="a smaller model with the target's tokenizer (as --model names one) proposing the tokens "
+                        "verify steps check (services/generation/draft.py); its KV pool has --kv-blocks blocks")
     p.add_argument("--speculative-tokens", type=int, default=4, help="the most tokens proposed per sequence and step")
     p.add_argument("--kv-blocks", type=int, default=1024)
     p.add_argument("--block-size", type=int, default=16)
@@ -103,6 +107,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parse_with_env(p, ENV_PREFIX, argv)  # every flag also as MSTAR_GENERATION_<FLAG>
     if args.step not in MODES:  # argparse checks choices only on the command line, not the env default
         p.error(f"${STEP_ENV} must be one of {', '.join(MODES)}; got {args.step!r}")
+    if args.draft_model is not None and args.speculative == "auto":
+        args.speculative = "draft"
+    if args.draft_model is not None and args.null_engine:
+        p.error("--draft-model needs a model: not with --null-engine")
+    if (args.speculative == "draft") != (args.draft_model is not None):
+        p.error("--speculative draft and --draft-model go together (a draft model proposes only in draft mode)")
     return args
 
 
@@ -116,7 +126,8 @@ def _without_triton_on_cpu(device: str) -> None:
         sys.modules.setdefault("triton", None)  # `import triton` now raises ImportError
 
 
-def build_runner(args):
+def build_runner(args, model: str | None = None):
+    """The runner of --model, or of `model` (the draft model) on the same settings."""
     if args.null_engine:
         from services.generation.null_runner import NullRunner
 
@@ -126,7 +137,7 @@ def build_runner(args):
     from services.generation.weights.locate import load_checkpoint
 
     t0 = time.monotonic()
-    checkpoint = load_checkpoint(args.model)
+    checkpoint = load_checkpoint(model or args.model)
     t1 = time.monotonic()
     config = RunnerConfig(args.kv_blocks, args.block_size, args.device, args.threads, dtype=args.dtype,
                           kv_cache_dtype=args.kv_cache_dtype,
@@ -168,6 +179,7 @@ async def serve(args) -> bool:
     print(f"generation service listening on port {port}", flush=True)
     torch_thread = TorchThread()  # load, compile and step on one thread: one OpenMP pool (torch_thread.py)
     runner = install_from_env(await torch_thread.call(build_runner, args))  # MSTAR_FAULTS: tests only
+    draft = await torch_thread.call(build_runner, args, args.draft_model) if args.draft_model else None
     metadata = getattr(runner, "numerics_metadata", None)
     servicer.numerics = metadata() if metadata else json.dumps({"kernels": "null engine"})
     config = EngineConfig(args.kv_blocks, args.block_size, args.max_num_seqs, args.max_batched_tokens,
@@ -187,7 +199,7 @@ async def serve(args) -> bool:
         servicer.on_step(out)
 
     # The warm-up request's key names no stream, so the servicer drops its outputs.
-    engine = Engine(runner, config, on_step, state)
+    engine = Engine(runner, config, on_step, state, draft=draft)
     metrics.describe_cache(engine.block_manager.block_size, engine.block_manager.num_blocks)
     attach_boundaries(runner, engine.boundary, servicer.boundary)  # MSTAR_FAULTS request faults: tests only
     servicer.attach(engine, loop)

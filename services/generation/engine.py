@@ -49,6 +49,7 @@ from services.common.fault_boundary import FaultBoundary
 from services.common.serving import ServingState, State
 from services.generation import heap
 from services.generation.block_manager import BlockManager
+from services.generation.draft import DraftModel, check_draft
 from services.generation.engine_commands import EngineCommands
 from services.generation.engine_step import EngineStep
 from services.generation.grammar.compiler import GrammarConfig
@@ -87,10 +88,13 @@ class Engine:
         config: EngineConfig,
         on_step: Callable[[StepOutput], None],
         serving: ServingState | None = None,
+        draft=None,
     ):
         """runner: ModelRunner or NullRunner (vocab_size, eos_token_ids, max_model_len, vocabulary, run,
         clear_blocks, release_blocks). Without a vocabulary, structured output is refused (STRUCTURED_OUTPUT_UNAVAILABLE).
-        serving: the process's state (a private one, STARTING, when absent: tests, benchmarks)."""
+        serving: the process's state (a private one, STARTING, when absent: tests, benchmarks).
+        draft: the draft model's runner (ModelRunner + greedy_tokens) for --speculative draft
+        (draft.py): its own KV pool of config.num_blocks blocks."""
         self.runner = runner
         self.config = config
         kv_cache = getattr(runner, "kv_cache", None)  # a NullRunner has none
@@ -125,7 +129,19 @@ class Engine:
         self._step = EngineStep(self.scheduler, self.block_manager, runner, self.postprocess, self.stats,
                                 self.endings, on_launch=self._report_held,
                                 speculator=Speculator(config.speculation, runner.max_model_len,
-                                                      getattr(runner, "verify_rows_exact", False)))
+                                                      getattr(runner, "verify_rows_exact", False),
+                                                      self._draft_model(draft, runner, config)))
+
+    @staticmethod
+    def _draft_model(draft, runner, config: EngineConfig) -> DraftModel | None:
+        if draft is None:
+            return None
+        check_draft(draft, runner)
+        return DraftModel(draft, config.num_blocks, config.block_size)
+
+    @property
+    def speculator(self) -> Speculator:
+        return self._step.speculator
 
     # -- thread-safe API ----------------------------------------------------------------------
 
@@ -207,6 +223,8 @@ class Engine:
                 self.endings.fail_everything(out, self.serving.refusal())
         except Exception as e:  # a crashed step: fail everyone, go NOT_SERVING
             self._die(e, out)
+        if self.speculator.draft is not None:  # the draft's K/V of requests that ended (draft.py)
+            self.speculator.draft.retain(self.seqs)
         self.stats.update(self)
         self.heap_release.on_iteration(not self.seqs, self.num_steps)  # a burst's freed memory
         return out

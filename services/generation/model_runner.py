@@ -231,6 +231,16 @@ class ModelRunner:
         logits = rows.logits if indices == list(range(rows.logits.shape[0])) else rows.logits[indices]
         return self.sampler(logits, seqs, ahead)
 
+    @torch.inference_mode()
+    def greedy_tokens(self, rows: StepRows, grammars: list | None = None,
+                      ahead: list[tuple[int, ...]] | None = None) -> list[int]:
+        """Each sampling row's most likely token (a draft model's proposals: draft.py); with
+        grammars[i], among the tokens it allows after ahead[i] (grammar/bitmask.py)."""
+        logits = rows.logits
+        if grammars and any(g is not None for g in grammars):
+            self.sampler.token_masks.apply(logits, grammars, ahead)
+        return logits.argmax(dim=-1).tolist()
+
     def embedding(self, rows: StepRows, index: int, seq: Sequence) -> bytes | None:
         """The embedding of the index-th pooling seq of the step (None: not finite)."""
         return normalized(rows.pooled[index], seq.params.embedding.dimensions)

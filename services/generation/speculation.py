@@ -1,5 +1,7 @@
-"""Speculative decoding by prompt lookup: propose the tokens that followed the last occurrence of
-the sequence's own latest n-gram, and let one step verify them (no torch, no grpc).
+"""Speculative decoding: propose tokens for decoding sequences and let one step verify them (no
+torch, no grpc). Two proposers: prompt lookup (``ngram``: the tokens that followed the last
+occurrence of the sequence's own latest n-gram) and a draft model (``draft``: a smaller model's
+greedy continuation, draft.py).
 
 A verify step feeds a decoding sequence its last token *and* k proposed tokens (the scheduler
 counts 1 + k tokens for it); the model's logits at those k + 1 positions give, for greedy decoding,
@@ -44,14 +46,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.generation.draft import DraftModel
 from services.generation.sequence import Sequence
 
-MODES = ("auto", "off", "ngram")
+MODES = ("auto", "off", "ngram", "draft")
 
 
 @dataclass(frozen=True)
 class SpeculationConfig:
-    mode: str = "auto"  # "ngram" (prompt lookup) | "off" | "auto": ngram where verify rows are exact
+    mode: str = "auto"  # "ngram" (prompt lookup) | "draft" (a draft model) | "off" | "auto": ngram where verify rows are exact
     num_tokens: int = 4  # the most tokens proposed per sequence and step (each adapts below it)
     max_ngram: int = 3  # the longest suffix looked up; shorter ones are tried after it
     min_ngram: int = 1
@@ -91,10 +94,15 @@ class Speculator:
     """Sets each eligible decoding sequence's `proposal` before the scheduler runs; counts what
     was proposed and accepted (EngineStats)."""
 
-    def __init__(self, config: SpeculationConfig, max_model_len: int, verify_rows_exact: bool):
+    def __init__(self, config: SpeculationConfig, max_model_len: int, verify_rows_exact: bool,
+                 draft: DraftModel | None = None):
+        if (config.mode == "draft") != (draft is not None):
+            raise ValueError("speculative decoding by a draft model needs --speculative draft and a --draft-model")
         self.config = config
         self.max_model_len = max_model_len
-        self.active = config.mode == "ngram" or (config.mode == "auto" and verify_rows_exact)
+        self.draft = draft
+        self.active = config.mode in ("ngram", "draft") or (config.mode == "auto" and verify_rows_exact)
+        self.proposer = "draft" if draft is not None else "ngram"  # the metrics' label
 
     @staticmethod
     def adapt(seq: Sequence, proposed: int, accepted: int, most: int) -> None:
@@ -114,6 +122,7 @@ class Speculator:
             return
         c = self.config
         crowded = len(decoding) > c.max_rows
+        wants: list[tuple[Sequence, int]] = []  # (seq, the most tokens it may propose)
         for seq in decoding:
             if not can_speculate(seq) or (crowded and seq.params.speculative is not True):
                 continue
@@ -126,7 +135,14 @@ class Speculator:
                     continue
                 seq.spec_idle, room = 0, min(room, 1)
             if room > 0:
+                wants.append((seq, room))
+        if self.draft is not None:
+            drafted = self.draft.propose(wants)
+        for seq, room in wants:
+            if self.draft is not None:
+                proposal = drafted.get(seq.key, ())
+            else:
                 proposal = propose_ngram(seq.token_ids, room, c.max_ngram, c.min_ngram)
-                if proposal and seq.grammar is not None:
-                    proposal = proposal[:seq.grammar.legal_prefix(proposal)]
-                seq.proposal = proposal
+            if proposal and seq.grammar is not None:
+                proposal = proposal[:seq.grammar.legal_prefix(proposal)]
+            seq.proposal = proposal

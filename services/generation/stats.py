@@ -65,6 +65,9 @@ class EngineStats:
             "spec_accepted_tokens": self.num_spec_accepted,
             "spec_acceptance_rate": self.num_spec_accepted / self.num_spec_proposed if self.num_spec_proposed else 0.0,
         }
+        draft = engine.speculator.draft
+        if draft is not None:  # the draft model's runs (each batches every drafting sequence)
+            self._snapshot["spec_draft_passes"] = draft.num_passes
         compiler = engine.grammars.compiler
         if compiler is not None:
             self._snapshot |= {"grammar_compiles_in_flight": compiler.num_in_flight,

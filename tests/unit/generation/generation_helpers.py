@@ -8,12 +8,15 @@ from services.generation.speculation import SpeculationConfig
 
 
 def make_engine(checkpoint, num_blocks=64, block_size=4, max_num_seqs=32, max_num_batched_tokens=64,
-                speculation: SpeculationConfig | None = None, **runner_kw):
-    """runner_kw: RunnerConfig fields (dtype, quantization, kernels, ...); eager unless warmed up."""
-    runner = ModelRunner(checkpoint, RunnerConfig(num_blocks, block_size, "cpu", num_threads=1, **runner_kw))
-    config = EngineConfig(num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
-                          speculation=speculation or SpeculationConfig())
-    return Engine(runner, config, on_step=lambda out: None)
+                speculation: SpeculationConfig | None = None, draft_checkpoint=None, **runner_kw):
+    """runner_kw: RunnerConfig fields (dtype, quantization, kernels, ...); eager unless warmed up.
+    draft_checkpoint: a draft model (speculation mode "draft"), run on the same RunnerConfig."""
+    config = RunnerConfig(num_blocks, block_size, "cpu", num_threads=1, **runner_kw)
+    runner = ModelRunner(checkpoint, config)
+    draft = ModelRunner(draft_checkpoint, config) if draft_checkpoint is not None else None
+    engine_config = EngineConfig(num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
+                                 speculation=speculation or SpeculationConfig())
+    return Engine(runner, engine_config, on_step=lambda out: None, draft=draft)
 
 
 def drive(engine: Engine, max_steps: int = 10_000, idle_wait_s: float = 0.0):

@@ -147,8 +147,9 @@ def test_metrics_server_serves_exposition():
     assert body == generate_latest(m.registry).decode()  # the whole registry, nothing else
 
 
-def fake_engine(running=0, preemptions=0, q=0, h=0, proposed=0, accepted=0):
+def fake_engine(running=0, preemptions=0, q=0, h=0, proposed=0, accepted=0, proposer="ngram"):
     return SimpleNamespace(
+        speculator=SimpleNamespace(proposer=proposer),
         scheduler=SimpleNamespace(running=[object()] * running, waiting=[], num_preemptions=preemptions),
         block_manager=SimpleNamespace(num_used_blocks=running, num_free_blocks=10 - running,
                                       num_prefix_query_tokens=q, num_prefix_hit_tokens=h),
@@ -253,3 +254,12 @@ def test_model_server_protocol_gauges_follow_the_scheduler():
     m.on_engine_output(SimpleNamespace(num_batched_tokens=0, tokens=[], completed=[], failed=[]), fake_engine())
     assert value(m, "vllm:num_requests_running", {"model_name": "m"}) == 0
     assert value(m, "vllm:kv_cache_usage_perc", {"model_name": "m"}) == 0
+
+
+def test_speculation_is_counted_under_the_servers_proposer():
+    m = GenerationMetrics()
+    step = SimpleNamespace(num_batched_tokens=1, tokens=[], completed=[], failed=[])
+    m.on_engine_output(step, fake_engine(proposed=6, accepted=4, proposer="draft"))
+    assert value(m, "mstar_generation_spec_decode_draft_tokens_total", {"proposer": "draft"}) == 6
+    assert value(m, "mstar_generation_spec_decode_accepted_tokens_total", {"proposer": "draft"}) == 4
+    assert value(m, "mstar_generation_spec_decode_draft_tokens_total", {"proposer": "ngram"}) in (None, 0)
