@@ -55,7 +55,7 @@ class Block:
     block_id: int
     ref_count: int = 0
     hash: int | None = None
-    token_ids: tuple[int, ...] = ()  # kept to rule out hash collisions on lookup
+    token_ids: tuple = ()  # its tokens (and image hashes: Sequence.block_key), to rule out hash collisions
     passed: int = 0  # holders that have moved past it by more than the window (sliding-window layers)
     window_released: bool = False  # the windowed layers' K/V of it are gone (released pages)
 
@@ -137,7 +137,7 @@ class BlockManager:
         parent = _ROOT_HASH
         hits: list[int] = []
         for i in range(num_lookup_blocks):
-            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+            tokens = seq.block_key(i, self.block_size)
             h = seq.block_hashes[i] if i < len(seq.block_hashes) else hash_block(parent, tokens)
             block_id = self.hash_to_block_id.get(h)
             if block_id is None or self.blocks[block_id].token_ids != tokens:
@@ -200,7 +200,7 @@ class BlockManager:
         num_full = seq.num_computed_tokens // self.block_size
         for i in range(len(seq.block_hashes), num_full):
             parent = seq.block_hashes[i - 1] if i else _ROOT_HASH
-            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+            tokens = seq.block_key(i, self.block_size)
             h = hash_block(parent, tokens)
             seq.block_hashes.append(h)
             block = self.blocks[seq.block_table[i]]

@@ -149,7 +149,7 @@ class CudaGraphDecode:
     def covers(self, batch: StepBatch) -> bool:
         """A pure decode step (one new token per sequence, every one sampled) that fits a bucket."""
         n, meta = batch.input_ids.shape[0], batch.meta
-        return (not batch.hidden and meta.logits_indices.shape[0] == n == meta.context_lens.shape[0]
+        return (not batch.hidden and batch.embeds is None and meta.logits_indices.shape[0] == n == meta.context_lens.shape[0]
                 and bucket_for(n, self.sizes) is not None)
 
     def _synchronize(self) -> None:
@@ -240,7 +240,7 @@ class CompiledStep:
         self.is_warm = False
 
     def covers(self, batch: StepBatch) -> bool:
-        return batch.input_ids.shape[0] > 0 and not batch.hidden
+        return batch.input_ids.shape[0] > 0 and not batch.hidden and batch.embeds is None  # images: eager
 
     @torch.inference_mode()
     def warm_up(self) -> None:

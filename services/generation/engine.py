@@ -145,8 +145,11 @@ class Engine:
 
     # -- thread-safe API ----------------------------------------------------------------------
 
-    def add_request(self, key: Hashable, prompt_token_ids: list[int], params: SamplingParams, input_done=True):
-        self._commands.put("add", key, list(prompt_token_ids), params, input_done, time.monotonic())
+    def add_request(self, key: Hashable, prompt_token_ids: list[int], params: SamplingParams, input_done=True,
+                    images: list | None = None):
+        """images: image_inputs.ImageInput of a vision-language prompt, in prompt order (its image
+        tokens take their embeddings; the input must be complete)."""
+        self._commands.put("add", key, list(prompt_token_ids), params, input_done, time.monotonic(), images)
 
     def append(self, key: Hashable, token_ids: list[int], input_done: bool, max_tokens: int | None = None) -> None:
         """More prompt tokens; with the last ones (`input_done`) optionally the request's max_tokens,

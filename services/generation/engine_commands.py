@@ -20,6 +20,7 @@ from services.common.finish import FinishReason
 from services.common.serving import ServingState
 from services.generation.block_manager import BlockManager
 from services.generation.grammar.requests import GrammarRequests
+from services.generation.image_inputs import locate_images
 from services.generation.outputs import Failure, StepOutput
 from services.generation.request_checks import check_input_end, check_prompt_tokens
 from services.generation.request_endings import RequestEndings
@@ -84,7 +85,8 @@ class EngineCommands:
         self.stats.num_rejections += 1
         out.failed.append(Failure(key, error))
 
-    def _add(self, out, key, token_ids, params: SamplingParams, input_done: bool, arrival: float) -> None:
+    def _add(self, out, key, token_ids, params: SamplingParams, input_done: bool, arrival: float,
+             images: list | None = None) -> None:
         if key in self.seqs:
             # The running request keeps going; the duplicate alone is refused.
             out.failed.append(Failure(key, errors.already_exists("a request with this id is already running")))
@@ -101,6 +103,8 @@ class EngineCommands:
                                              output_tokens=0 if params.embedding is not None else 1)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         seq = Sequence(key, self._next_seq_id, token_ids, params, seed, Timing(arrival, arrival), input_done)
+        if error is None and images:
+            error = self._attach_images(seq, images, input_done)
         if error is None and input_done:
             error = check_input_end(seq, self.runner, self.block_manager)
         if error is None and params.structured_output is not None:
@@ -111,6 +115,18 @@ class EngineCommands:
         self._next_seq_id += 1
         self.seqs[key] = seq
         self.scheduler.add(seq)
+
+    def _attach_images(self, seq: Sequence, images: list, input_done: bool) -> errors.MstarError | None:
+        tokens_per_tile = getattr(self.runner, "tokens_per_tile", None)
+        if tokens_per_tile is None:
+            return errors.invalid_argument("images", "this model takes text only, not images")
+        if not input_done:
+            return errors.invalid_argument("images", "a prompt with images must be complete in its first frame")
+        located = locate_images(seq.token_ids, images, self.runner.image_token_id, tokens_per_tile)
+        if isinstance(located, str):
+            return errors.invalid_argument("images", located)
+        seq.images = located
+        return None
 
     def _grammar_ready(self, out: StepOutput, key: Hashable, seq_id: int, future: Future) -> None:
         seq = self.seqs.get(key)

@@ -83,7 +83,7 @@ class FusedStep:
         Transformer.final_hidden), at meta.logits_indices."""
         meta = batch.meta
         hidden = self.model.ops.decoder_stack(
-            self.model.embed(batch.input_ids), self.norms, self.weights, self.kv_cache.k, self.kv_cache.v,
+            self.model.input_embeddings(batch.input_ids, batch.embeds), self.norms, self.weights, self.kv_cache.k, self.kv_cache.v,
             meta.positions, meta.slot_mapping, meta.block_tables.contiguous(), meta.cu_seqlens_q, meta.context_lens,
             meta.logits_indices, self.model.cos_sin, *self.heads)
         return hidden if batch.hidden else self.model.logits(hidden)

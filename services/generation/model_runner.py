@@ -7,6 +7,8 @@ token tensor ops); decode rows and prefill chunks share one flat [T] batch.
 from __future__ import annotations
 
 import logging
+from bisect import bisect_left
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,6 +21,7 @@ from services.generation.fused_step import FusedStep, fusable
 from services.generation.models.kv_cache import KVCache
 from services.generation.models.linear import Quantized
 from services.generation.models.llama import StepMetadata, Transformer
+from services.generation.models.vision import VisionEncoder
 from services.generation.numerics import choose, resolve_device
 from services.generation.outputs import SampleOutput
 from services.generation.sampler import Sampler
@@ -29,6 +32,7 @@ from services.generation.threads import default_threads
 from services.generation.weights.checkpoint import Checkpoint
 
 log = logging.getLogger(__name__)
+ENCODER_CACHE_IMAGES = 32  # encoded images kept by content hash (a 17-tile SmolVLM image: 2.5 MB)
 
 
 @dataclass
@@ -93,6 +97,14 @@ class ModelRunner:
             self.kv_cache = KVCache(checkpoint.config, config.num_blocks, config.block_size, self.device,
                                     self.numerics.kv_cache_dtype)
         self.sampler = Sampler(self.ops, self.device)
+        # A vision-language checkpoint's image encoder (models/vision.py) and its outputs by image
+        # content hash: a repeated image (a conversation's next turn, many users asking about one
+        # picture) is encoded once while it stays among the most recent ENCODER_CACHE_IMAGES.
+        vision = checkpoint.vision
+        self.vision = VisionEncoder(vision.config, vision.tensors, self.device, self.dtype) if vision else None
+        self.image_token_id = vision.image_token_id if vision else None
+        self.encoder_cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        self.num_images_encoded = 0
         self.eager = EagerStep(self.model, self.kv_cache)  # what runs a batch the chosen step does not cover
         self.step_choice = choose_step(self.device.type, numerics_kind(self.numerics.kernels,
                                                                        fusable(self.model, self.kv_cache)), config.step)
@@ -174,9 +186,52 @@ class ModelRunner:
         )
         return torch.tensor(input_ids, dtype=torch.int64, device=dev), meta
 
-    def forward(self, input_ids: torch.Tensor, meta: StepMetadata) -> torch.Tensor:
+    @property
+    def tokens_per_tile(self) -> int | None:
+        """Image tokens per tile of a vision-language model; None for a text-only one."""
+        return self.vision.config.tokens_per_tile if self.vision else None
+
+    def image_embeds(self, seqs: list[Sequence], num_new_tokens: list[int]):
+        """(batch rows, embeddings) for the image tokens among the step's rows, encoding the images
+        of a sequence whose prefill reaches them (cache first); None when the step has none."""
+        rows, values, offset = [], [], 0
+        for seq, n in zip(seqs, num_new_tokens, strict=True):
+            images, start = seq.images, seq.num_computed_tokens
+            if images is not None and start < images.positions[-1] + 1:
+                lo = bisect_left(images.positions, start)
+                hi = bisect_left(images.positions, start + n)
+                if hi > lo:
+                    if images.features is None:
+                        images.features = self._encode(images.images)
+                    rows.extend(p - start + offset for p in images.positions[lo:hi])
+                    values.append(images.features[lo:hi])
+            offset += n
+        if not rows:
+            return None
+        return torch.tensor(rows, dtype=torch.int64, device=self.device), torch.cat(values)
+
+    def _encode(self, images) -> torch.Tensor:
+        """One sequence's image-token embeddings [sum(tiles) x tokens_per_tile, H], in prompt order."""
+        missing = [im for im in images if im.content_hash not in self.encoder_cache]
+        if missing:
+            encoded = self.vision(torch.cat([torch.as_tensor(im.tiles) for im in missing]))  # one batched call
+            start = 0
+            for im in missing:
+                n = im.num_tiles
+                self.encoder_cache[im.content_hash] = encoded[start:start + n].reshape(-1, encoded.shape[-1])
+                start += n
+                self.num_images_encoded += 1
+        features = []
+        for im in images:
+            self.encoder_cache.move_to_end(im.content_hash)
+            features.append(self.encoder_cache[im.content_hash])
+        while len(self.encoder_cache) > ENCODER_CACHE_IMAGES:
+            self.encoder_cache.popitem(last=False)
+        return torch.cat(features)
+
+    def forward(self, input_ids: torch.Tensor, meta: StepMetadata, embeds=None) -> torch.Tensor:
         """Logits [S, V] fp32 of one step (what fault injection wraps: faults.py)."""
-        return self.rows(StepBatch(input_ids, meta))
+        return self.rows(StepBatch(input_ids, meta, embeds=embeds))
 
     def rows(self, batch: StepBatch) -> torch.Tensor:
         """The chosen step's rows for batch once warm_up() built it and when it covers batch (nothing
@@ -195,10 +250,11 @@ class ModelRunner:
         model runs. This is the step's shared work (the model over the KV cache); what is then
         done per request (sample, embedding) runs behind the engine's fault boundary."""
         on_launch = on_launch or (lambda: None)
+        embeds = self.image_embeds(seqs, num_new_tokens) if self.vision is not None else None
         if not any(seq.is_embedding for seq in seqs):  # logits only
             input_ids, meta = self.prepare(seqs, num_new_tokens, sampling)
             on_launch()
-            return StepRows(self.forward(input_ids, meta))  # [S, V]; S = 0 when no row samples
+            return StepRows(self.forward(input_ids, meta, embeds))  # [S, V]; S = 0 when no row samples
         pooling = pooling or [False] * len(seqs)
         mean = self.config.pooling == "mean"
         rows = [n if seq.is_embedding and mean else int(is_sampling or is_pooling)
@@ -209,7 +265,7 @@ class ModelRunner:
         # the step asks for them, also for the generation rows sharing it (their logits follow from
         # theirs below). Steps that return only logits do not cover such a batch: it runs eager.
         # Grammar masks are applied by the sampler after the logits either way.
-        hidden = self.rows(StepBatch(input_ids, meta, hidden=True))  # [sum(rows), H]
+        hidden = self.rows(StepBatch(input_ids, meta, hidden=True, embeds=embeds))  # [sum(rows), H]
         sample_rows, pooled, end = [], [], 0
         for seq, k, is_sampling, is_pooling in zip(seqs, rows, sampling, pooling, strict=True):
             end += k

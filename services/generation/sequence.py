@@ -71,6 +71,8 @@ class Sequence:
     spec_tokens: int = 0  # its proposal length now (0: the configured most; it adapts)
     spec_rate: float = 1.0  # moving average of its proposals' accepted share
     spec_idle: int = 0  # steps without a proposal since its share fell below the policy's floor
+    # A vision-language request's images (image_inputs.SequenceImages; typed Any: torch-free).
+    images: Any = None
 
     def __post_init__(self):
         self.num_prompt_tokens = len(self.token_ids)
@@ -102,6 +104,15 @@ class Sequence:
     def is_embedding(self) -> bool:
         """Prefill only: the step that computes its last prompt token pools instead of sampling."""
         return self.params.embedding is not None
+
+    def block_key(self, index: int, block_size: int) -> tuple:
+        """What identifies block `index`'s contents in the prefix cache: its tokens, and the
+        content hashes of the images with a token in it (image_inputs.py)."""
+        start = index * block_size
+        tokens = tuple(self.token_ids[start:start + block_size])
+        if self.images is None or start >= self.num_prompt_tokens:
+            return tokens
+        return tokens + self.images.salt(start, start + block_size)
 
     def is_prefill_step(self) -> bool:
         return self.num_computed_tokens < self.num_prompt_tokens

@@ -30,6 +30,9 @@ class StepBatch:
     input_ids: torch.Tensor  # [T] int64
     meta: StepMetadata
     hidden: bool = False  # True: the final hidden states [S, H] (embedding requests pool them), not logits
+    # Image embeddings in place of some rows' token embeddings: (row indices [R] int64, [R, H]);
+    # a vision-language prompt's image tokens (image_inputs.py). None: every row embeds its token.
+    embeds: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class Step(Protocol):
@@ -68,5 +71,5 @@ class EagerStep:
 
     def __call__(self, batch: StepBatch) -> torch.Tensor:
         if batch.hidden:
-            return self.model.final_hidden(batch.input_ids, batch.meta, self.kv_cache)
-        return self.model.forward(batch.input_ids, batch.meta, self.kv_cache)
+            return self.model.final_hidden(batch.input_ids, batch.meta, self.kv_cache, batch.embeds)
+        return self.model.forward(batch.input_ids, batch.meta, self.kv_cache, batch.embeds)

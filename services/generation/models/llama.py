@@ -193,16 +193,25 @@ class Transformer(nn.Module):
         self.layer_cos_sin = [self.local_cos_sin if self.local_cos_sin is not None and config.window(i) else cos_sin
                               for i in range(config.num_layers)]
 
-    def forward(self, input_ids: torch.Tensor, meta: StepMetadata, kv_cache: KVCache) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, meta: StepMetadata, kv_cache: KVCache, embeds=None) -> torch.Tensor:
         """input_ids [T] int64 -> logits [S, V] fp32 at meta.logits_indices."""
-        return self.logits(self.final_hidden(input_ids, meta, kv_cache))
+        return self.logits(self.final_hidden(input_ids, meta, kv_cache, embeds))
 
-    def final_hidden(self, input_ids: torch.Tensor, meta: StepMetadata, kv_cache: KVCache) -> torch.Tensor:
-        """input_ids [T] int64 -> hidden states [S, H] after the final norm at meta.logits_indices
-        (what the lm_head reads; embedding requests pool them)."""
+    def input_embeddings(self, input_ids: torch.Tensor, embeds=None) -> torch.Tensor:
+        """[T] -> [T, H]: the token embeddings (scaled where the family scales them), with
+        embeds = (rows, values) in place of those rows' (image tokens: step.StepBatch.embeds)."""
         h = self.embed(input_ids)  # [T, H]
         if self.embed_scale is not None:
             h = h * self.embed_scale
+        if embeds is not None:
+            rows, values = embeds
+            h = h.index_copy(0, rows, values.to(h.dtype))
+        return h
+
+    def final_hidden(self, input_ids: torch.Tensor, meta: StepMetadata, kv_cache: KVCache, embeds=None) -> torch.Tensor:
+        """input_ids [T] int64 -> hidden states [S, H] after the final norm at meta.logits_indices
+        (what the lm_head reads; embedding requests pool them)."""
+        h = self.input_embeddings(input_ids, embeds)
         residual = None
         for i, block in enumerate(self.blocks):
             h, residual = block(h, residual, meta, self.layer_cos_sin[i], kv_cache.k[i], kv_cache.v[i])

@@ -9,7 +9,18 @@ import torch
 
 from services.generation.models.block_weight import BlockWeight
 from services.generation.models.config import DecoderConfig
+from services.generation.models.vision import VisionConfig
 from services.generation.weights.vocabulary import Vocabulary
+
+
+@dataclass
+class VisionWeights:
+    """An Idefics3 checkpoint's image side: the encoder's config and HF-named weights, and the
+    token id whose prompt positions take the image embeddings."""
+
+    config: VisionConfig
+    tensors: dict[str, torch.Tensor]  # model.vision_model.*, model.connector.*
+    image_token_id: int
 
 
 @dataclass
@@ -24,6 +35,8 @@ class Checkpoint:
     # What each token id spells (GGUF tokenizer metadata or tokenizer.json), for structured output;
     # None when the checkpoint carries no vocabulary the grammar library can read.
     vocabulary: Vocabulary | None = None
+    # A vision-language checkpoint (Idefics3): its image encoder; None for a text-only model.
+    vision: VisionWeights | None = None
 
     def dense(self, name: str) -> torch.Tensor:
         """One weight as a dense fp32 tensor (block weights dequantized exactly)."""

@@ -10,7 +10,8 @@ import torch
 
 from services.generation.models import families
 from services.generation.models.config import CheckpointError, DecoderConfig, check_state_dict
-from services.generation.weights.checkpoint import Checkpoint
+from services.generation.models.vision import VisionConfig, vision_weight_names
+from services.generation.weights.checkpoint import Checkpoint, VisionWeights
 from services.generation.weights.vocabulary import vocabulary_from_tokenizer_json
 
 _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
@@ -86,7 +87,11 @@ def _family(raw: dict, path: str) -> families.Family:
     return fam
 
 
-def _read_config(directory: str) -> DecoderConfig:
+_VLM_ARCHITECTURES = ("Idefics3ForConditionalGeneration",)
+_TEXT_PREFIX = "model.text_model."  # Idefics3's decoder weights; served as a text model's model.*
+
+
+def _read_raw_config(directory: str) -> tuple[dict, str]:
     path = os.path.join(directory, "config.json")
     try:
         with open(path) as f:
@@ -95,6 +100,29 @@ def _read_config(directory: str) -> DecoderConfig:
         raise CheckpointError(f"{path}: cannot read config ({e})") from e
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: not a JSON object")
+    return raw, path
+
+
+def _is_vlm(raw: dict) -> bool:
+    return raw.get("model_type") == "idefics3" or any(a in _VLM_ARCHITECTURES for a in raw.get("architectures") or [])
+
+
+def _text_config(raw: dict, path: str) -> dict:
+    """An Idefics3 config's decoder part, as a text model's config.json would say it (the outer
+    config's tie_word_embeddings and token ids apply to the decoder)."""
+    text = raw.get("text_config")
+    if not isinstance(text, dict):
+        raise CheckpointError(f"{path}: an Idefics3 config needs a text_config object")
+    text = dict(text)
+    text.pop("architectures", None)
+    for key in ("tie_word_embeddings", "bos_token_id", "eos_token_id"):
+        if key in raw and key not in text:
+            text[key] = raw[key]
+    text.setdefault("model_type", "llama")
+    return text
+
+
+def _decoder_config(raw: dict, path: str) -> DecoderConfig:
     fam = _family(raw, path)
     activation = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
     for name, ok in [
@@ -156,7 +184,9 @@ def _shard_files(directory: str) -> list[str]:
 def load_hf_dir(directory: str) -> Checkpoint:
     from safetensors.torch import load_file
 
-    config = _read_config(directory)
+    raw, path = _read_raw_config(directory)
+    vlm = _is_vlm(raw)
+    config = _decoder_config(_text_config(raw, path) if vlm else raw, path)
     state_dict: dict[str, torch.Tensor] = {}
     for shard in _shard_files(directory):
         try:
@@ -167,6 +197,15 @@ def load_hf_dir(directory: str) -> Checkpoint:
             if not tensor.is_floating_point():
                 raise CheckpointError(f"{shard}: tensor {name} has non-float dtype {tensor.dtype}")
             state_dict[name] = tensor.float()
+    vision = None
+    if vlm:
+        vision_config = VisionConfig.from_hf(raw, path)
+        vision = VisionWeights(vision_config, {n: state_dict.pop(n) for n in vision_weight_names(vision_config)
+                                               if n in state_dict}, int(raw.get("image_token_id", -1)))
+        if not 0 <= vision.image_token_id < config.vocab_size:
+            raise CheckpointError(f"{path}: image_token_id {raw.get('image_token_id')!r} is not a token id")
+        state_dict = {"model." + n[len(_TEXT_PREFIX):] if n.startswith(_TEXT_PREFIX) else n: t
+                      for n, t in state_dict.items()}
     if config.tie_word_embeddings:
         state_dict.pop("lm_head.weight", None)
     offset = config.parts.norm_offset
@@ -175,4 +214,4 @@ def load_hf_dir(directory: str) -> Checkpoint:
     check_state_dict(config, state_dict, directory)
     name = os.path.basename(os.path.normpath(directory))
     return Checkpoint(name=name, source=directory, config=config, tensors=state_dict,
-                      vocabulary=vocabulary_from_tokenizer_json(directory))
+                      vocabulary=vocabulary_from_tokenizer_json(directory), vision=vision)

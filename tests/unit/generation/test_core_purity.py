@@ -22,6 +22,8 @@ CORE = [
     "services.generation.scheduler",
     "services.generation.block_manager",
     "services.generation.sequence",
+    "services.generation.image_inputs",
+    "services.generation.draft",
     "services.generation.outputs",
     "services.generation.request_checks",
     "services.generation.stats",

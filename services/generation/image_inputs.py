@@ -1,0 +1,63 @@
+"""A request's images on the engine side (no torch, no grpc): where their embeddings go in the
+prompt, and what makes their K/V differ from another image's in the prefix cache.
+
+An Idefics3 prompt holds, per tile of each image, ``tokens_per_tile`` copies of the image token
+(framed by ``<fake_token_around_image>`` and ``<row_i_col_j>`` / ``<global-img>`` text tokens:
+services/preprocess/images.py). The model runner encodes the images' tiles (models/vision.py)
+and the decoder reads those embeddings in place of the image tokens' own, in order, as
+transformers' ``inputs_merger`` does: image k's features fill the k-th run of its tokens.
+
+Every image token has the same id, so two prompts with different images would otherwise hash to
+the same KV blocks: a block holding any of an image's tokens is keyed by that image's content hash
+too (``salt``); the blocks after it inherit it through the parent hash chain. So two requests with
+the same image and prefix share KV, and two with different images never do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ImageInput:
+    """One image of a request: its tiles, ready for the encoder, and its content hash."""
+
+    tiles: Any  # [num_tiles, 3, S, S] float32, normalized as the image processor does (a tensor)
+    content_hash: bytes  # of the image's pixels: the encoder cache's key and the prefix-cache salt
+
+    @property
+    def num_tiles(self) -> int:
+        return int(self.tiles.shape[0])
+
+
+@dataclass
+class SequenceImages:
+    images: list[ImageInput]
+    positions: list[int]  # prompt positions of the image tokens, ascending
+    spans: list[tuple[int, int]]  # per image: its first and one-past-last index into positions
+    features: Any = None  # [len(positions), H] once encoded (kept for a preempted recompute)
+    _salts: dict[int, tuple[bytes, ...]] = field(default_factory=dict)
+
+    def salt(self, start: int, end: int) -> tuple[bytes, ...]:
+        """The content hashes of the images with a token in prompt positions [start, end)."""
+        key = start
+        if key not in self._salts:
+            self._salts[key] = tuple(image.content_hash for image, (lo, hi) in zip(self.images, self.spans, strict=True)
+                                     if self.positions[lo] < end and self.positions[hi - 1] >= start)
+        return self._salts[key]
+
+
+def locate_images(token_ids: list[int], images: list[ImageInput], image_token_id: int,
+                  tokens_per_tile: int) -> SequenceImages | str:
+    """The images' places in the prompt, or why they do not fit it (a message naming the counts)."""
+    positions = [i for i, t in enumerate(token_ids) if t == image_token_id]
+    want = sum(image.num_tiles for image in images) * tokens_per_tile
+    if len(positions) != want:
+        return (f"the prompt has {len(positions)} image tokens but its {len(images)} image(s) of "
+                f"{sum(image.num_tiles for image in images)} tile(s) need {want}")
+    spans, start = [], 0
+    for image in images:
+        spans.append((start, start + image.num_tiles * tokens_per_tile))
+        start = spans[-1][1]
+    return SequenceImages(images, positions, spans)
