@@ -15,20 +15,20 @@ the same image and prefix share KV, and two with different images never do.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 
 @dataclass
 class ImageInput:
-    """One image of a request: its tiles, ready for the encoder, and its content hash."""
+    """One image of a request (or one tile of it: the encoder treats tiles alike), as the image
+    processor cut it: uint8 [num_tiles, 3, S, S] bytes, C order (services/preprocess/images.py);
+    the model runner normalizes them with the checkpoint's processor values."""
 
-    tiles: Any  # [num_tiles, 3, S, S] float32, normalized as the image processor does (a tensor)
-    content_hash: bytes  # of the image's pixels: the encoder cache's key and the prefix-cache salt
-
-    @property
-    def num_tiles(self) -> int:
-        return int(self.tiles.shape[0])
+    tiles: bytes
+    num_tiles: int
+    content_hash: bytes = b""  # of tiles (sha256, at admission): the encoder cache's key, the prefix-cache salt
 
 
 @dataclass
@@ -58,6 +58,8 @@ def locate_images(token_ids: list[int], images: list[ImageInput], image_token_id
                 f"{sum(image.num_tiles for image in images)} tile(s) need {want}")
     spans, start = [], 0
     for image in images:
+        if not image.content_hash:  # hashed here, on the engine thread, not on the servicer's event loop
+            image.content_hash = hashlib.sha256(image.tiles).digest()
         spans.append((start, start + image.num_tiles * tokens_per_tile))
         start = spans[-1][1]
     return SequenceImages(images, positions, spans)

@@ -12,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from kernels import cpu
@@ -103,6 +104,7 @@ class ModelRunner:
         vision = checkpoint.vision
         self.vision = VisionEncoder(vision.config, vision.tensors, self.device, self.dtype) if vision else None
         self.image_token_id = vision.image_token_id if vision else None
+        self.normalization = vision.normalization if vision else None
         self.encoder_cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         self.num_images_encoded = 0
         self.eager = EagerStep(self.model, self.kv_cache)  # what runs a batch the chosen step does not cover
@@ -191,6 +193,11 @@ class ModelRunner:
         """Image tokens per tile of a vision-language model; None for a text-only one."""
         return self.vision.config.tokens_per_tile if self.vision else None
 
+    @property
+    def tile_bytes(self) -> int | None:
+        """The bytes of one uint8 image tile on the wire (wire.TILE_MIME_TYPE); None: text only."""
+        return 3 * self.vision.config.image_size ** 2 if self.vision else None
+
     def image_embeds(self, seqs: list[Sequence], num_new_tokens: list[int]):
         """(batch rows, embeddings) for the image tokens among the step's rows, encoding the images
         of a sequence whose prefill reaches them (cache first); None when the step has none."""
@@ -214,7 +221,9 @@ class ModelRunner:
         """One sequence's image-token embeddings [sum(tiles) x tokens_per_tile, H], in prompt order."""
         missing = [im for im in images if im.content_hash not in self.encoder_cache]
         if missing:
-            encoded = self.vision(torch.cat([torch.as_tensor(im.tiles) for im in missing]))  # one batched call
+            side = self.vision.config.image_size
+            tiles = np.frombuffer(b"".join(im.tiles for im in missing), np.uint8).reshape(-1, 3, side, side)
+            encoded = self.vision(torch.from_numpy(self.normalization.apply(tiles)))  # one batched call
             start = 0
             for im in missing:
                 n = im.num_tiles

@@ -319,14 +319,14 @@ class GenerationServicer(gen_grpc.GenerationServiceServicer):
             self._fail_locally(stream, request_id, error)
             return
         try:
-            token_ids, params, input_done = wire.request_of(msg)
+            token_ids, params, input_done, images = wire.request_of(msg, getattr(self.engine.runner, "tile_bytes", None))
         except errors.MstarError as e:
             stream.outbox.put(_single(wire.request_failed(request_id, e)))
             return
         stream.active.add(request_id)
         stream.spans[request_id] = tracing.start_request_span("generation.request", msg.trace_context, {
             "mstar.request_key": request_id, "mstar.prompt_tokens": len(token_ids), "mstar.input_open": not input_done})
-        self.engine.add_request((stream.stream_id, request_id), token_ids, params, input_done)
+        self.engine.add_request((stream.stream_id, request_id), token_ids, params, input_done, images=images)
 
     def _fail_locally(self, stream: _Stream, request_id: str, error: errors.MstarError) -> None:
         stream.active.discard(request_id)

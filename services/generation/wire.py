@@ -12,6 +12,7 @@ from services.common import errors, sampling_wire
 from services.common.finish_wire import WIRE as FINISH_WIRE
 from services.common.sampling_fields import ENGINE_FIELDS
 from services.common.structured_output_wire import structured_output_of
+from services.generation.image_inputs import ImageInput
 from services.generation.outputs import (
     Completion,
     Failure,
@@ -29,14 +30,29 @@ def _timestamp(unix_s: float) -> timestamp_pb2.Timestamp:
     return ts
 
 
-def token_ids_of(parts, where: str) -> list[int]:
-    """Token ids of MODALITY_TOKENS parts; any other payload is a client mistake here."""
+TILE_MIME_TYPE = "application/x-mstar-image-tile"  # one uint8 [3, S, S] tile, C order (docs/design.md, Images)
+
+
+def token_ids_of(parts, where: str, tile_bytes: int | None = None) -> tuple[list[int], list[ImageInput]]:
+    """Token ids of MODALITY_TOKENS parts, and the image tiles of MODALITY_IMAGE parts (inline
+    data of TILE_MIME_TYPE, tile_bytes each: a vision-language model's; None refuses images)."""
     ids: list[int] = []
+    tiles: list[ImageInput] = []
     for i, part in enumerate(parts):
-        if part.modality != pb.MODALITY_TOKENS or part.WhichOneof("source") not in (None, "token_ids"):
-            raise errors.invalid_argument(f"{where}[{i}]", "the generation service accepts MODALITY_TOKENS token_ids only")
+        source = part.WhichOneof("source")
+        if part.modality == pb.MODALITY_IMAGE and source == "data":
+            if tile_bytes is None:
+                raise errors.invalid_argument(f"{where}[{i}]", "this model takes text only, not images")
+            if part.mime_type != TILE_MIME_TYPE or len(part.data) != tile_bytes:
+                raise errors.invalid_argument(f"{where}[{i}]", f"an image part here is one {TILE_MIME_TYPE} tile "
+                                              f"of {tile_bytes} bytes, got {part.mime_type!r} of {len(part.data)}")
+            tiles.append(ImageInput(part.data, 1))
+            continue
+        if part.modality != pb.MODALITY_TOKENS or source not in (None, "token_ids"):
+            raise errors.invalid_argument(f"{where}[{i}]", "the generation service accepts MODALITY_TOKENS token_ids "
+                                          "and MODALITY_IMAGE tiles only")
         ids.extend(part.token_ids.ids)
-    return ids
+    return ids, tiles
 
 
 def sampling_params_of(kwargs: pb.ModelKwargs) -> SamplingParams:
@@ -62,15 +78,15 @@ def embedding_of(msg: pb.PreprocessInput) -> Embedding | None:
     return Embedding(dimensions=e.dimensions if e.HasField("dimensions") else None)
 
 
-def request_of(msg: pb.PreprocessInput) -> tuple[list[int], SamplingParams, bool]:
-    """(prompt token ids, sampling params, input_done) of a PreprocessInput."""
+def request_of(msg: pb.PreprocessInput, tile_bytes: int | None = None):
+    """(prompt token ids, sampling params, input_done, image tiles) of a PreprocessInput."""
     if msg.text or msg.messages:
         raise errors.invalid_argument("text", "the generation service takes token ids, not text")
-    ids = token_ids_of(msg.prompt_parts, "prompt_parts")
+    ids, tiles = token_ids_of(msg.prompt_parts, "prompt_parts", tile_bytes)
     params = sampling_params_of(msg.model_kwargs)
     params.embedding = embedding_of(msg)
     input_done = pb.MODALITY_TOKENS not in msg.input_modalities or pb.MODALITY_TOKENS in msg.ends
-    return ids, params, input_done
+    return ids, params, input_done, tiles
 
 
 def append_of(frame: gen_pb2.ClientFrame) -> tuple[list[int], bool, int | None]:
@@ -82,7 +98,11 @@ def append_of(frame: gen_pb2.ClientFrame) -> tuple[list[int], bool, int | None]:
     input_done = pb.MODALITY_TOKENS in msg.ends
     if frame.HasField("max_tokens") and not input_done:
         raise errors.invalid_argument("max_tokens", "only the append that ends the input carries max_tokens")
-    return token_ids_of(msg.chunks, "chunks"), input_done, frame.max_tokens if frame.HasField("max_tokens") else None
+    for i, part in enumerate(msg.chunks):
+        if part.modality == pb.MODALITY_IMAGE:
+            raise errors.invalid_argument(f"chunks[{i}]", "image tiles come with the request's start, not in an append")
+    ids, _ = token_ids_of(msg.chunks, "chunks")
+    return ids, input_done, frame.max_tokens if frame.HasField("max_tokens") else None
 
 
 def logprobs_entry(lp: TokenLogprobs | None) -> pb.TokenLogprobs:

@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from services.common.pixel_normalization import PixelNormalization
+
 # transformers' absolute cap on the longest edge after step 2 (MAX_IMAGE_SIZE there).
 MAX_IMAGE_SIZE = 4096
 
@@ -323,30 +325,15 @@ def _chw(image: Image.Image) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(image).transpose(2, 0, 1))
 
 
-def _lookup_table(config: ImageProcessorConfig) -> np.ndarray:
-    """float32 [3, 256]: what transformers' rescale + normalize make of each uint8 value. The same
-    numpy operations in the same dtypes (rescale: float64 product cast to float32; normalize:
-    float32 subtract and divide by float32 mean/std), so the table is bit-identical to them."""
-    values = np.arange(256, dtype=np.uint8)
-    x = values.astype(np.float64) * config.rescale_factor if config.do_rescale else values
-    x = x.astype(np.float32)
-    if not config.do_normalize:
-        return np.stack([x, x, x])
-    mean = np.array(config.image_mean, dtype=np.float32)
-    std = np.array(config.image_std, dtype=np.float32)
-    return np.stack([(x - mean[ch]) / std[ch] for ch in range(3)])
-
-
 def normalize_tiles(tiles: np.ndarray, config: ImageProcessorConfig) -> np.ndarray:
     """uint8 [..., 3, H, W] -> float32 pixel values, bit-identical to transformers' rescale and
-    normalize (a table lookup per channel: nothing to recompute, nothing to round differently)."""
-    if tiles.dtype != np.uint8 or tiles.ndim < 3 or tiles.shape[-3] != 3:
-        raise ValueError(f"tiles must be uint8 [..., 3, H, W], got {tiles.dtype} {tiles.shape}")
-    table = _lookup_table(config)
-    out = np.empty(tiles.shape, np.float32)
-    for ch in range(3):
-        out[..., ch, :, :] = table[ch][tiles[..., ch, :, :]]
-    return out
+    normalize (services/common/pixel_normalization.py: what generation applies to shipped tiles)."""
+    return normalization(config).apply(tiles)
+
+
+def normalization(config: ImageProcessorConfig) -> PixelNormalization:
+    return PixelNormalization(config.do_rescale, config.rescale_factor, config.do_normalize, config.image_mean,
+                              config.image_std)
 
 
 def prompt_for_image(

@@ -7,6 +7,7 @@ from functools import cached_property
 
 import torch
 
+from services.common.pixel_normalization import PixelNormalization
 from services.generation.models.block_weight import BlockWeight
 from services.generation.models.config import DecoderConfig
 from services.generation.models.vision import VisionConfig
@@ -21,6 +22,8 @@ class VisionWeights:
     config: VisionConfig
     tensors: dict[str, torch.Tensor]  # model.vision_model.*, model.connector.*
     image_token_id: int
+    # The image processor's rescale + normalize (preprocessor_config.json): uint8 tiles -> pixels.
+    normalization: PixelNormalization = field(default_factory=PixelNormalization)
 
 
 @dataclass

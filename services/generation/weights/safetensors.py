@@ -8,6 +8,7 @@ import os
 
 import torch
 
+from services.common.pixel_normalization import PixelNormalization
 from services.generation.models import families
 from services.generation.models.config import CheckpointError, DecoderConfig, check_state_dict
 from services.generation.models.vision import VisionConfig, vision_weight_names
@@ -169,6 +170,25 @@ def _decoder_config(raw: dict, path: str) -> DecoderConfig:
     return config
 
 
+def _pixel_normalization(directory: str) -> PixelNormalization:
+    """The image processor's rescale + normalize, from preprocessor_config.json (or
+    processor_config.json's image_processor); SmolVLM's values when neither has them."""
+    values: dict = {}
+    for name in ("processor_config.json", "preprocessor_config.json"):  # the latter wins
+        path = os.path.join(directory, name)
+        if os.path.exists(path):
+            try:
+                with open(path) as f:
+                    raw = json.load(f)
+                values |= (raw.get("image_processor") or {}) if name.startswith("processor") else raw
+            except (OSError, json.JSONDecodeError, AttributeError) as e:
+                raise CheckpointError(f"{path}: cannot read ({e})") from e
+    try:
+        return PixelNormalization.from_config(values)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{directory}: image processor config: {e}") from e
+
+
 def _shard_files(directory: str) -> list[str]:
     index = os.path.join(directory, "model.safetensors.index.json")
     if os.path.exists(index):
@@ -201,7 +221,8 @@ def load_hf_dir(directory: str) -> Checkpoint:
     if vlm:
         vision_config = VisionConfig.from_hf(raw, path)
         vision = VisionWeights(vision_config, {n: state_dict.pop(n) for n in vision_weight_names(vision_config)
-                                               if n in state_dict}, int(raw.get("image_token_id", -1)))
+                                               if n in state_dict}, int(raw.get("image_token_id", -1)),
+                               _pixel_normalization(directory))
         if not 0 <= vision.image_token_id < config.vocab_size:
             raise CheckpointError(f"{path}: image_token_id {raw.get('image_token_id')!r} is not a token id")
         state_dict = {"model." + n[len(_TEXT_PREFIX):] if n.startswith(_TEXT_PREFIX) else n: t

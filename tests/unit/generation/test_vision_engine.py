@@ -8,13 +8,13 @@ field."""
 
 from __future__ import annotations
 
-import hashlib
-
+import numpy as np
 import pytest
 import torch
 from generation_helpers import drive, make_engine
 
 from services.common.errors import Code
+from services.common.pixel_normalization import PixelNormalization
 from services.generation.image_inputs import ImageInput
 from services.generation.sampling_params import SamplingParams
 from services.generation.weights.safetensors import load_hf_dir
@@ -42,9 +42,14 @@ def vlm(tmp_path_factory):
 
 
 def image(seed: int, tiles: int) -> ImageInput:
-    g = torch.Generator().manual_seed(seed)
-    pixels = torch.rand(tiles, 3, 512, 512, generator=g) * 2 - 1
-    return ImageInput(pixels, hashlib.sha256(pixels.numpy().tobytes()).digest())
+    pixels = np.random.default_rng(seed).integers(0, 256, (tiles, 3, 512, 512), dtype=np.uint8)
+    return ImageInput(pixels.tobytes(), tiles)
+
+
+def pixel_values(images: list[ImageInput]) -> torch.Tensor:
+    """What transformers' processor gives for the images' tiles (bit-identical: test_images.py)."""
+    tiles = np.frombuffer(b"".join(im.tiles for im in images), np.uint8).reshape(-1, 3, 512, 512)
+    return torch.from_numpy(PixelNormalization().apply(tiles))
 
 
 def prompt(*tiles_per_image: int, text=(5, 6, 7)) -> list[int]:
@@ -57,7 +62,7 @@ def prompt(*tiles_per_image: int, text=(5, 6, 7)) -> list[int]:
 
 
 def hf_greedy(model, ids: list[int], images: list[ImageInput], n: int) -> list[int]:
-    pixels = torch.cat([im.tiles for im in images])[None]
+    pixels = pixel_values(images)[None]
     with torch.no_grad():
         out = model.generate(input_ids=torch.tensor([ids]), pixel_values=pixels, max_new_tokens=n, do_sample=False)
     return out[0, len(ids):].tolist()
@@ -86,7 +91,8 @@ def test_greedy_continuations_are_transformers(vlm, tiles):
 def test_the_prefix_cache_shares_an_image_and_never_mixes_two(vlm):
     _, checkpoint = vlm
     ids = prompt(1)
-    a, b = image(1, 1), image(2, 1)
+    a = image(1, 1)
+    b = ImageInput(np.full((1, 3, 512, 512), 255, np.uint8).tobytes(), 1)  # white: another continuation
     results = {}
     engine = engine_for(checkpoint)
     for key, im in (("a", a), ("a-again", a), ("b", b)):
@@ -154,7 +160,6 @@ def test_with_smollm2s_real_text_weights_greedy_is_transformers(tmp_path_factory
 def test_an_image_through_the_preprocess_processor_continues_as_transformers(vlm):
     """A non-square picture: tiled and normalized by services/preprocess/images.py (uint8 tiles,
     normalized on arrival), against transformers' own image processor feeding generate."""
-    import numpy as np
     import transformers
     from PIL import Image
 
@@ -168,7 +173,7 @@ def test_an_image_through_the_preprocess_processor_continues_as_transformers(vlm
     rows, cols = processed.grids[0]
     assert (rows, cols) == (1, 2)
     tiles = torch.from_numpy(normalize_tiles(processed.tiles[0], config))
-    ours = ImageInput(tiles, hashlib.sha256(processed.tiles[0].tobytes()).digest())
+    ours = ImageInput(processed.tiles[0].tobytes(), len(processed.tiles[0]))
     hf_pixels = transformers.Idefics3ImageProcessorPil(**settings)(picture, return_tensors="pt")["pixel_values"]
     assert torch.equal(hf_pixels[0], tiles)
     ids = prompt(rows * cols + 1)
