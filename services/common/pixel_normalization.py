@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# How a tile travels on the internal stream: one MODALITY_IMAGE part, uint8 [3, S, S], C order.
+TILE_MIME_TYPE = "application/x-mstar-image-tile"
+
 
 @dataclass(frozen=True)
 class PixelNormalization:

@@ -32,6 +32,10 @@ from services.common.serving import LIVENESS, ServingState
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# GenerationService.Stream (preprocess -> generation): a request's image tiles travel in its start
+# frame as uint8 (768 KiB per 512-pixel tile), so that stream allows more: 80 tiles, four full
+# SmolVLM images, fit (services/preprocess/prompt.py caps a request's tiles below it).
+INTERNAL_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:

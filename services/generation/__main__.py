@@ -24,7 +24,7 @@ from services.common import errors, tracing
 from services.common.env_flags import parse_with_env
 from services.common.logs import setup_logging
 from services.common.metrics import GenerationMetrics, start_metrics_server
-from services.common.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer
+from services.common.server import INTERNAL_MAX_MESSAGE_BYTES, GrpcServer
 from services.common.serving import State
 from services.generation import heap
 from services.generation.engine import Engine, EngineConfig, SamplingParams
@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "many tokens and they get the rest of the step (services/generation/scheduler.py); "
                         "default: half of --max-batched-tokens; 0: first come, first served")
     p.add_argument("--status-interval-ms", type=int, default=0, help="ConductorStatus period; 0 = off")
-    p.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
+    p.add_argument("--max-message-bytes", type=int, default=INTERNAL_MAX_MESSAGE_BYTES,
+                   help="the Stream's message limit (its start frames carry image tiles)")
     p.add_argument("--grace-s", type=float, default=10.0, help="drain period on SIGTERM")
     p.add_argument("--null-engine", action="store_true", help="no model: fixed fake tokens (transport benchmarks)")
     p.add_argument("--null-step-ms", type=float, default=0.0, help="step time of the null engine")

@@ -10,6 +10,7 @@ from mstar.v1 import messages_pb2 as pb
 
 from services.common import errors, sampling_wire
 from services.common.finish_wire import WIRE as FINISH_WIRE
+from services.common.pixel_normalization import TILE_MIME_TYPE
 from services.common.sampling_fields import ENGINE_FIELDS
 from services.common.structured_output_wire import structured_output_of
 from services.generation.image_inputs import ImageInput
@@ -30,7 +31,6 @@ def _timestamp(unix_s: float) -> timestamp_pb2.Timestamp:
     return ts
 
 
-TILE_MIME_TYPE = "application/x-mstar-image-tile"  # one uint8 [3, S, S] tile, C order (docs/design.md, Images)
 
 
 def token_ids_of(parts, where: str, tile_bytes: int | None = None) -> tuple[list[int], list[ImageInput]]:

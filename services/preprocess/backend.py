@@ -48,7 +48,8 @@ from mstar.v1 import messages_pb2 as pb
 
 from services.common import hop_trace
 from services.common.errors import Code, FieldViolation, MstarError, from_code, unavailable
-from services.common.server import channel_options
+from services.common.pixel_normalization import TILE_MIME_TYPE
+from services.common.server import INTERNAL_MAX_MESSAGE_BYTES, channel_options
 from services.preprocess import wire
 from services.preprocess.backend_events import (
     BackendFailed,
@@ -139,7 +140,9 @@ class GenerationBackend:
         start = pb.PreprocessInput(
             request_id=key,
             client_request_id=request.request_id,
-            prompt_parts=[pb.PromptPart(modality=pb.MODALITY_TOKENS, token_ids=pb.TokenIds(ids=request.prompt_ids))],
+            prompt_parts=[pb.PromptPart(modality=pb.MODALITY_TOKENS, token_ids=pb.TokenIds(ids=request.prompt_ids)),
+                          *(pb.PromptPart(modality=pb.MODALITY_IMAGE, data=tile, mime_type=TILE_MIME_TYPE)
+                            for tile in request.image_tiles)],
             input_modalities=[pb.MODALITY_TOKENS] if request.input_open else [],
             output_modalities=[pb.MODALITY_EMBEDDING if request.model_kwargs.HasField("embedding")
                                else pb.MODALITY_TOKENS],
@@ -190,7 +193,7 @@ class GenerationBackend:
     async def _run(self) -> None:
         backoff = 0.05
         while not self._closing:
-            channel = grpc.aio.insecure_channel(self.target, options=channel_options())
+            channel = grpc.aio.insecure_channel(self.target, options=channel_options(INTERNAL_MAX_MESSAGE_BYTES))
             tasks: list[asyncio.Task] = []
             try:
                 async with asyncio.timeout(self._connect_timeout_s):

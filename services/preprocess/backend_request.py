@@ -54,9 +54,13 @@ class BackendRequest:
     """
 
     def __init__(
-        self, request_id: str, prompt_ids: list[int], model_kwargs: pb.ModelKwargs, input_open: bool, queue_size: int
+        self, request_id: str, prompt_ids: list[int], model_kwargs: pb.ModelKwargs, input_open: bool, queue_size: int,
+        image_tiles: tuple[bytes, ...] = (),
     ) -> None:
         self.request_id = request_id
+        # A vision-language prompt's image tiles, uint8 [3, S, S] each, in prompt order: sent with
+        # every attempt's start (a failover re-sends them with the prompt).
+        self.image_tiles = image_tiles
         # Every prompt token so far (start + appends): what a failover re-submits. int32 array:
         # vocabulary ids, 4 bytes each instead of a Python int object per token.
         self.prompt_ids = array("i", prompt_ids)

@@ -12,7 +12,7 @@ documented text fallback of services/preprocess/tools.py in plain system/user/as
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 import jinja2
@@ -33,15 +33,37 @@ class ChatTemplateError(ValueError):
 
 
 @dataclass(frozen=True)
+class ChatImage:
+    """An image inside a message's content: at character `offset` of its text."""
+
+    offset: int
+    data: bytes  # the encoded image (PNG, JPEG, ...), as the client sent it
+    where: str  # the request field it came from, for errors ("messages[0].content[1].image_url")
+
+
+@dataclass(frozen=True)
 class ChatMessage:
     role: str
     content: str
     tool_calls: tuple[toolfmt.ToolCall, ...] = ()  # an assistant's calls
     tool_call_id: str = ""  # a tool message: the call it answers
+    images: tuple[ChatImage, ...] = ()  # a vision-language model's images, in content order
 
-    def as_hf(self) -> dict:
-        """The message as Hugging Face templates read it (arguments as an object)."""
+    def as_hf(self, content_parts: bool = False) -> dict:
+        """The message as Hugging Face templates read it (arguments as an object). With
+        content_parts (a vision-language model's template, Idefics3's) the content is HF's list of
+        parts, {"type": "text"} and {"type": "image"}, for which the template writes "<image>"."""
         out: dict = {"role": self.role, "content": self.content}
+        if content_parts:
+            parts, at = [], 0
+            for image in self.images:
+                if image.offset > at:
+                    parts.append({"type": "text", "text": self.content[at:image.offset]})
+                parts.append({"type": "image"})
+                at = image.offset
+            if at < len(self.content):
+                parts.append({"type": "text", "text": self.content[at:]})
+            out["content"] = parts
         if self.tool_calls:
             out["tool_calls"] = [{"id": c.id, "type": "function",
                                   "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
@@ -59,13 +81,13 @@ def fallback_messages(messages: list[ChatMessage], tools: tuple[toolfmt.Tool, ..
             out.append(ChatMessage("user", toolfmt.response_text(m.content)))
         elif m.tool_calls:
             calls = "\n".join(c.text() for c in m.tool_calls)
-            out.append(ChatMessage(m.role, f"{m.content}\n{calls}" if m.content else calls))
+            out.append(replace(m, content=f"{m.content}\n{calls}" if m.content else calls, tool_calls=()))
         else:
             out.append(m)
     if tools:
         listing = toolfmt.tools_text(tools)
         if out and out[0].role == "system":
-            out[0] = ChatMessage("system", f"{out[0].content}\n\n{listing}")
+            out[0] = replace(out[0], content=f"{out[0].content}\n\n{listing}")  # its images stay where they were
         else:
             out.insert(0, ChatMessage("system", listing))
     return out
@@ -106,8 +128,9 @@ class ChatTemplate:
         self.supports_tools = "tools" in source
 
     def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
-               tools: tuple[toolfmt.Tool, ...] = ()) -> str:
-        """The prompt text for `messages`, ending with the assistant header when asked."""
+               tools: tuple[toolfmt.Tool, ...] = (), content_parts: bool = False) -> str:
+        """The prompt text for `messages`, ending with the assistant header when asked;
+        content_parts: every content as a list of parts (ChatMessage.as_hf)."""
         for i, message in enumerate(messages):
             if message.role not in ROLES:
                 raise ChatTemplateError(f"messages[{i}].role must be one of {', '.join(ROLES)}")
@@ -115,7 +138,7 @@ class ChatTemplate:
             messages, tools = fallback_messages(messages, tools), ()
         try:
             return self._template.render(
-                messages=[m.as_hf() for m in messages],
+                messages=[m.as_hf(content_parts) for m in messages],
                 add_generation_prompt=add_generation_prompt,
                 tools=[t.as_openai() for t in tools] or None,
                 documents=None,
@@ -125,7 +148,8 @@ class ChatTemplate:
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"chat template: {exc}") from exc
 
-    def render_open(self, messages: list[ChatMessage], tools: tuple[toolfmt.Tool, ...] = ()) -> tuple[str, str]:
+    def render_open(self, messages: list[ChatMessage], tools: tuple[toolfmt.Tool, ...] = (),
+                    content_parts: bool = False) -> tuple[str, str]:
         """Split rendering for a chat whose last message's content is still streaming in.
 
         Returns (head, tail): the prompt is head + <appended text> + tail, where the appended
@@ -137,7 +161,7 @@ class ChatTemplate:
         last = messages[-1]
         marked = messages[:-1] + [ChatMessage(last.role, last.content + _SENTINEL, last.tool_calls,
                                               last.tool_call_id)]
-        text = self.render(marked, tools=tools)
+        text = self.render(marked, tools=tools, content_parts=content_parts)
         if text.count(_SENTINEL) != 1:
             raise ChatTemplateError("this chat template cannot stream the last message's content")
         head, tail = text.split(_SENTINEL)

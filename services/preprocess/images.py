@@ -21,6 +21,8 @@ uint8 tiles can be shipped and normalized where they are used (`normalize_tiles`
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
 import json
 import math
@@ -371,3 +373,20 @@ def expand_prompt(text: str, grids: Sequence[tuple[int, int]], image_seq_len: in
     for (rows, cols), rest in zip(grids, parts[1:], strict=True):
         out += [prompt_for_image(rows, cols, image_seq_len), rest]
     return "".join(out)
+
+
+def image_url_bytes(url: str, limits: ImageLimits = ImageLimits()) -> bytes:
+    """The encoded image a chat part's URL carries: a `data:` URL's base64 payload. The server
+    fetches nothing (no host is allow-listed): an http(s) URL is refused, naming the fix."""
+    if url.startswith(("http://", "https://")):
+        raise ImageError("this server fetches no image URLs (no host is allow-listed): send the image "
+                         "inline as a data: URL (data:image/png;base64,...)")
+    head, comma, payload = url.partition(",")
+    if not head.startswith("data:") or not comma or not head.endswith(";base64"):
+        raise ImageError("an image URL must be a base64 data: URL (data:image/png;base64,...)")
+    if len(payload) > 4 * (limits.max_bytes // 3) + 4:
+        raise ImageError(f"the image is larger than {limits.max_bytes} bytes")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise ImageError("the data: URL's payload is not valid base64") from None

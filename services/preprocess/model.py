@@ -11,13 +11,14 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from services.common.packaged_models import PackagedModelError, packaged, packaged_model_path
 from services.preprocess.chat_template import ChatTemplate
+from services.preprocess.request import IMAGE, TEXT
 from services.preprocess.tokenizer import Tokenizer, TokenizerError
 
 _HF_REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-TEXT = "text"
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class ModelSpec:
     # The architecture family the checkpoint declares (HF model_type, GGUF general.architecture):
     # "llama", "mistral", "qwen2", "qwen3"; what /v1/models reports.
     family: str = ""
+    # A vision-language checkpoint's image processor (images.ImageProcessor; Idefics3): "image" is
+    # then among input_modalities. None for a text-only model.
+    images: Any = None
 
     def answers_to(self, model: str) -> bool:
         """`model` names this model: its id, "default" or an alias (exactly, as vLLM matches)."""
@@ -105,6 +109,13 @@ def _from_gguf(path: Path) -> ModelSpec:
 def _from_hf_dir(path: Path) -> ModelSpec:
     config = _read_json(path / "tokenizer_config.json")
     model_config = _read_json(path / "config.json")
+    images = None
+    if model_config.get("model_type") == "idefics3":  # a VLM: its decoder's config, its image processor
+        from services.preprocess.images import ImageProcessor, ImageProcessorConfig
+
+        images = ImageProcessor(ImageProcessorConfig.from_dir(path))
+        model_config = {**(model_config.get("text_config") or {}), "model_type": "idefics3",
+                        "_name_or_path": model_config.get("_name_or_path")}
     tokenizer = Tokenizer.from_json(path / "tokenizer.json", config)
     template = config.get("chat_template")
     if isinstance(template, list):  # named templates: HF uses the one called "default"
@@ -119,6 +130,8 @@ def _from_hf_dir(path: Path) -> ModelSpec:
         hidden_size=int(model_config.get("hidden_size", 0)),
         tokenizer=tokenizer,
         chat_template=ChatTemplate(template, tokenizer.special) if template else None,
+        images=images,
+        input_modalities=frozenset({TEXT, IMAGE} if images else {TEXT}),
     )
 
 

@@ -23,14 +23,26 @@ from __future__ import annotations
 
 from services.common.errors import invalid_argument
 from services.common.prompt_fit import check_prompt_fits
+from services.common.server import INTERNAL_MAX_MESSAGE_BYTES
 from services.preprocess.chat_template import ChatTemplateError
+from services.preprocess.images import IMAGE_TOKEN, ImageError, ImageLimits, decode_image
 from services.preprocess.input_names import InputNames, input_names
 from services.preprocess.limits import check_token_ids
 from services.preprocess.media import FileReader
 from services.preprocess.model import ModelSpec
-from services.preprocess.request import TEXT, TOKENS, InputInfo, Part, RequestSpec
+from services.preprocess.request import IMAGE, TEXT, TOKENS, InputInfo, Part, RequestSpec
 
 _STREAMABLE = frozenset({TEXT, TOKENS})
+# Images (a vision-language model's): at most this many per request, decoded within IMAGE_LIMITS
+# (an inline part is at most 8 MiB by the contract; a file_path part is read up to --max-file-bytes).
+MAX_IMAGES = 8
+IMAGE_LIMITS = ImageLimits()
+
+
+def max_tiles(side: int) -> int:
+    """The most uint8 tiles of side² pixels one request's start frame carries to the generation
+    service, a MiB of headroom left for its tokens under the stream's message limit."""
+    return (INTERNAL_MAX_MESSAGE_BYTES - (1 << 20)) // (3 * side * side)
 # Appended chunks exist on the native API only.
 _APPEND = InputNames("append.text", "append.text", "append.chunks", "append.ends")
 
@@ -45,6 +57,8 @@ def min_prompt_tokens(parts: tuple[Part, ...], max_token_bytes: int, *texts: str
     for part in parts:
         if part.token_ids is not None:
             ids += len(part.token_ids)
+        elif part.modality == IMAGE:
+            continue  # compressed pixels say nothing of its tokens (tiles x 64 once decoded)
         else:
             chars += len(part.text or "") + len(part.data or b"")
     return ids + chars // max_token_bytes
@@ -69,6 +83,8 @@ class PromptBuilder:
         self._bos_pending = False
         self.num_tokens = 0
         self.input_infos: list[InputInfo] = []
+        self.image_tiles: list[bytes] = []  # uint8 [3, S, S] each, in prompt order (a VLM's images)
+        self._num_images = 0
 
     @property
     def input_done(self) -> bool:
@@ -89,16 +105,24 @@ class PromptBuilder:
             template = self._model.chat_template
             if template is None:
                 raise invalid_argument(names.messages, "this model has no chat template; send text")
-            try:
+            images = [image for m in spec.messages for image in m.images]
+            if images:
+                self._check_modality(IMAGE, images[0].where)
                 if TEXT in self._open:
-                    head, self._tail = template.render_open(list(spec.messages), spec.tools)
+                    raise invalid_argument(names.modalities, "a conversation with images cannot stream its text")
+            try:
+                parts = self._model.images is not None  # a VLM's template reads content as parts
+                if TEXT in self._open:
+                    head, self._tail = template.render_open(list(spec.messages), spec.tools, content_parts=parts)
                     rendered = head
                 else:
-                    rendered = template.render(list(spec.messages), tools=spec.tools)
+                    rendered = template.render(list(spec.messages), tools=spec.tools, content_parts=parts)
             except ChatTemplateError as exc:
                 # A bad role or an unrenderable conversation is the client's mistake: 400, not
                 # the 500 it escaped as before (found by tests/reliability/test_fuzz.py).
                 raise invalid_argument(names.messages, str(exc), reason="INVALID_MESSAGES") from exc
+            if images:
+                rendered = self._expand_images(rendered, images, names.messages)
             committed += self._add_text(rendered, names.messages)
         elif spec.text:
             committed += self._add_text(spec.text, names.text)
@@ -147,8 +171,57 @@ class PromptBuilder:
                 self.num_tokens += len(ids)
                 self.input_infos.append(InputInfo(TOKENS, 4 * len(ids), len(ids), part.mime_type))
                 continue
+            if part.modality == IMAGE:
+                committed += self._add_image(part, where)
+                continue
             committed += self._add_text(self._part_text(part, where), where, part.mime_type)
         return committed
+
+    def _add_image(self, part: Part, where: str) -> list[int]:
+        """An image part: its tiles for the generation service, and the text that stands for them
+        tokenized in place, as transformers' processor expands the prompt."""
+        if part.text is not None or part.token_ids is not None:
+            raise invalid_argument(where, "an image part carries data or a file_path")
+        raw = self._files.read(part.file_path) if part.file_path is not None else part.data or b""
+        text = self._image_text(raw, where, part.mime_type)
+        committed = self._take_bos()
+        self._hold(text)
+        self._reject_hopeless_length(where)
+        return committed + self._commit(final=False)
+
+    def _expand_images(self, rendered: str, images: list, where: str) -> str:
+        """A rendered conversation with each "<image>" its template wrote replaced by that image's
+        text, in order (Idefics3Processor's replace_image_token after apply_chat_template)."""
+        pieces = rendered.split(IMAGE_TOKEN)
+        if len(pieces) != len(images) + 1:
+            raise invalid_argument(where, f"the rendered conversation holds {len(pieces) - 1} {IMAGE_TOKEN} for "
+                                   f"{len(images)} image(s): only an image part may spell {IMAGE_TOKEN}",
+                                   reason="INVALID_MESSAGES")
+        out = [pieces[0]]
+        for image, piece in zip(images, pieces[1:], strict=True):
+            out += [self._image_text(image.data, image.where), piece]
+        return "".join(out)
+
+    def _image_text(self, raw: bytes, where: str, mime_type: str = "") -> str:
+        """Decode and tile one image (its tiles join the request's); the text that stands for it
+        (Idefics3Processor's <fake_token_around_image> <row_i_col_j> <image> x 64 ... per tile)."""
+        images = self._model.images
+        if self._num_images >= MAX_IMAGES:
+            raise invalid_argument(where, f"a request takes at most {MAX_IMAGES} images", reason="TOO_MANY_IMAGES")
+        try:
+            processed = images.process([decode_image(raw, IMAGE_LIMITS)])
+        except ImageError as exc:
+            raise invalid_argument(where, str(exc), reason="INVALID_IMAGE") from None
+        tiles, (rows, cols) = processed.tiles[0], processed.grids[0]
+        most = max_tiles(tiles.shape[-1])
+        if len(self.image_tiles) + len(tiles) > most:
+            raise invalid_argument(where, f"the request's images make more than {most} tiles of "
+                                   f"{tiles.shape[-1]} pixels (this one: {len(tiles)})", reason="TOO_MANY_IMAGES")
+        self._num_images += 1
+        self.image_tiles.extend(tile.tobytes() for tile in tiles)
+        image_tokens = len(tiles) * images.config.image_seq_len
+        self.input_infos.append(InputInfo(IMAGE, len(raw), image_tokens, mime_type))
+        return images.prompt_for_image(rows, cols)
 
     def _part_text(self, part: Part, where: str) -> str:
         if part.text is not None:

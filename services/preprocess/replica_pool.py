@@ -119,12 +119,12 @@ class ReplicaPool:
 
     def submit(
         self, request_id: str, prompt_ids: list[int], sampling: Sampling, max_tokens: int, input_open: bool,
-        embedding: EmbeddingSpec | None = None,
+        embedding: EmbeddingSpec | None = None, image_tiles: tuple[bytes, ...] = (),
     ) -> BackendRequest:
         """Route a new request to a replica and start it there; UNAVAILABLE when none serves. With
         `embedding`, a prefill-only request whose result is one TensorResult (sampling unused)."""
         kwargs = embedding_kwargs(embedding) if embedding else engine_kwargs(sampling, max_tokens)
-        request = BackendRequest(request_id, prompt_ids, kwargs, input_open, self.config.queue_size)
+        request = BackendRequest(request_id, prompt_ids, kwargs, input_open, self.config.queue_size, image_tiles)
         if not self._place(request, exclude=()):
             refusal = unavailable("no generation replica is serving", "NO_REPLICA")
             refusal.refused = True  # nothing started: another preprocess replica may have one

@@ -18,6 +18,7 @@ from services.preprocess.tools import Tool
 # Modality names used inside the service (wire enum values map onto these in wire.py).
 TEXT = "text"
 TOKENS = "tokens"
+IMAGE = "image"
 
 
 @dataclass(frozen=True)

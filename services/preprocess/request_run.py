@@ -132,7 +132,7 @@ class RequestRun:
         try:
             self._backend = d.backend.submit(
                 self.request_id, ids, s.sampling, self._max_tokens, input_open=not self.input_done,
-                embedding=s.embedding,
+                embedding=s.embedding, image_tiles=tuple(self._prompt.image_tiles),
             )
         except MstarError:
             self._ticket.release()

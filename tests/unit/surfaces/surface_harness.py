@@ -48,9 +48,9 @@ class EchoBackend(GenerationBackend):
         self.fail_embedding_of_len = -1  # an embedding of a prompt this long fails UNAVAILABLE
 
     def submit(self, request_id: str, prompt_ids: list[int], sampling, max_tokens: int,
-               input_open: bool, embedding=None) -> BackendRequest:
+               input_open: bool, embedding=None, image_tiles=()) -> BackendRequest:
         kwargs = embedding_kwargs(embedding) if embedding else engine_kwargs(sampling, max_tokens)
-        request = BackendRequest(request_id, prompt_ids, kwargs, input_open, 1024)
+        request = BackendRequest(request_id, prompt_ids, kwargs, input_open, 1024, image_tiles)
         self.attach(request)
         return request
 

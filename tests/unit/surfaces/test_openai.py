@@ -105,7 +105,9 @@ def test_logprobs(runner):
     ("stop_token_ids", [1, -1], "stop_token_ids[1]"), ("messages", [], "messages"),
     ("messages", [{"role": "tool", "content": "x"}], "messages[0].tool_call_id"),
     ("messages", [{"role": "critic", "content": "x"}], "messages[0].role"),
-    ("messages", [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages[0].content[0]"),
+    ("messages", [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}],
+     "messages[0].content[0].image_url.url"),
+    ("messages", [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}], "messages[0].content[0]"),
     ("messages", [{"role": "user"}], "messages[0].content"),
 ])
 def test_bad_fields_are_named_as_sent(runner, name, value, field):

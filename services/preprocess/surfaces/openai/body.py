@@ -22,6 +22,7 @@ from services.preprocess.surfaces.http import (
     CallId,
     Ignored,
     TokenId,
+    by_type,
     field_error,
     only_types,
     string_or_list,
@@ -61,6 +62,19 @@ class TextPart(Body):
     text: str
 
 
+class ImageUrl(Body):
+    url: str  # a base64 data: URL (services/preprocess/images.py image_url_bytes: no server-side fetch)
+    detail: Literal["auto", "low", "high"] | None = None  # Idefics3 tiles every image alike: no effect
+
+
+class ImageUrlPart(Body):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = Annotated[by_type(TextPart, ImageUrlPart), only_types(("text", "image_url"), "content parts")]
+
+
 class CalledFunction(Body):
     name: Annotated[str, Field(pattern=FUNCTION_NAME)]
     arguments: str  # JSON text, as OpenAI sends it
@@ -74,7 +88,7 @@ class MessageToolCall(Body):
 
 class ChatMessage(Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Annotated[list[Annotated[TextPart, only_types(("text",), "content parts")]],
+    content: Annotated[list[ContentPart],
                        string_or_list(lambda text: {"type": "text", "text": text}, "text parts")] | None = None
     name: Ignored = None
     tool_calls: Annotated[list[MessageToolCall], Field(max_length=128)] | None = None  # assistant
@@ -84,7 +98,7 @@ class ChatMessage(Body):
     audio: unsupported() = None
 
     def text(self) -> str:
-        return "".join(p.text for p in self.content or ())
+        return "".join(p.text for p in self.content or () if p.type == "text")
 
 
 class FunctionDef(Body):

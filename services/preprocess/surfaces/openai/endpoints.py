@@ -15,7 +15,8 @@ from urllib.parse import unquote
 
 from services.common import errors, hop_trace
 from services.common.metrics import timing_headers
-from services.preprocess.chat_template import ChatMessage
+from services.preprocess.chat_template import ChatImage, ChatMessage
+from services.preprocess.images import ImageError, image_url_bytes
 from services.preprocess.request import TOKENS, Chunk, Part, RequestSpec, Sampling
 from services.preprocess.runner import RunScope
 from services.preprocess.surfaces import fields
@@ -42,9 +43,20 @@ def _choice_sampling(s: Sampling, choice: int) -> Sampling:
     return replace(s, seed=((s.seed + choice + 2**63) % 2**64) - 2**63)  # wraps within int64
 
 
-def _chat_message(m) -> ChatMessage:
+def _chat_message(m, i: int) -> ChatMessage:
     calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or ())
-    return ChatMessage(ROLES[m.role], m.text(), calls, m.tool_call_id or "")
+    text, images = [], []
+    for j, part in enumerate(m.content or ()):
+        if part.type == "text":
+            text.append(part.text)
+            continue
+        where = f"messages[{i}].content[{j}].image_url.url"
+        try:
+            data = image_url_bytes(part.image_url.url)
+        except ImageError as exc:
+            raise errors.invalid_argument(where, str(exc), reason="INVALID_IMAGE") from None
+        images.append(ChatImage(sum(map(len, text)), data, where))
+    return ChatMessage(ROLES[m.role], "".join(text), calls, m.tool_call_id or "", tuple(images))
 
 
 def chat_completions(req: HttpRequest, runs: RunScope) -> AsyncIterator[Frame]:
@@ -53,7 +65,7 @@ def chat_completions(req: HttpRequest, runs: RunScope) -> AsyncIterator[Frame]:
     body = parse(ChatBody, req)
     constraint, renames = output_constraint(body)
     sampling = replace(fields.sampling_of(body, CHAT, logprobs=body.logprobs_n), structured_output=constraint)
-    messages = tuple(_chat_message(m) for m in body.messages)
+    messages = tuple(_chat_message(m, i) for i, m in enumerate(body.messages))
     spec = RequestSpec(model=body.model, messages=messages, tools=tools_of(body) if body.uses_tools else (),
                        sampling=sampling, field_renames=renames, upload_bytes=len(req.body), surface=CHAT)
     return _serve(spec, body, runs, chat=True, logprobs=body.logprobs_n is not None, tool_calls=body.uses_tools)
