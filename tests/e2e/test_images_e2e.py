@@ -101,14 +101,11 @@ def test_models_say_it_takes_images(served):
     assert model["input_modalities"] == ["image", "text"], model
 
 
-def test_openai_chat_with_an_image_through_the_sdk_is_transformers_processor_and_model(served):
-    """The official SDK through Envoy, against transformers' whole pipeline: Idefics3Processor's
-    chat template, image processor and prompt expansion, then the model's generate."""
-    import openai
+def hf_chat(stack, model, picture: bytes, n: int) -> tuple[str, int]:
+    """transformers' whole pipeline on one user turn "What is in <image> here?": Idefics3Processor's
+    chat template, image processor and prompt expansion, then generate. (text, prompt tokens)."""
     from PIL import Image
 
-    stack, model, _ = served
-    picture = png(200, 300, seed=1)
     hf_tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(Path(stack.config.model) / "tokenizer.json"))
     processor = transformers.Idefics3Processor(transformers.Idefics3ImageProcessorPil(**PROCESSOR), hf_tokenizer,
                                                image_seq_len=64, chat_template=TEMPLATE)
@@ -117,9 +114,17 @@ def test_openai_chat_with_an_image_through_the_sdk_is_transformers_processor_and
     text = processor.apply_chat_template(hf_messages, add_generation_prompt=True)
     inputs = processor(text=text, images=[[Image.open(io.BytesIO(picture))]], return_tensors="pt")
     with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=6, do_sample=False, eos_token_id=None)
-    want = hf_tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        out = model.generate(**inputs, max_new_tokens=n, do_sample=False, eos_token_id=None)
+    prompt_len = inputs["input_ids"].shape[1]
+    return hf_tokenizer.decode(out[0, prompt_len:], skip_special_tokens=True), prompt_len
 
+
+def test_openai_chat_with_an_image_through_the_sdk_is_transformers_processor_and_model(served):
+    import openai
+
+    stack, model, _ = served
+    picture = png(200, 300, seed=1)
+    want, prompt_len = hf_chat(stack, model, picture, 6)
     client = openai.OpenAI(base_url=stack.http_url + "/v1", api_key="none", max_retries=0)
     url = "data:image/png;base64," + base64.b64encode(picture).decode()
     reply = client.chat.completions.create(model="default", max_tokens=6, temperature=0, extra_body={"ignore_eos": True},
@@ -128,7 +133,39 @@ def test_openai_chat_with_an_image_through_the_sdk_is_transformers_processor_and
                                                {"type": "image_url", "image_url": {"url": url}},
                                                {"type": "text", "text": " here?"}]}])
     assert reply.choices[0].message.content == want
-    assert reply.usage.prompt_tokens == inputs["input_ids"].shape[1]
+    assert reply.usage.prompt_tokens == prompt_len
+
+
+def test_anthropic_messages_with_an_image_block_through_the_sdk_is_transformers(served):
+    import anthropic
+
+    stack, model, _ = served
+    picture = png(640, 480, seed=2)  # 2 x 1 tiles here: another grid than the OpenAI test's
+    want, prompt_len = hf_chat(stack, model, picture, 6)
+    client = anthropic.Anthropic(base_url=stack.http_url, api_key="none", max_retries=0)
+    reply = client.messages.create(model="default", max_tokens=6, extra_body={"temperature": 0},
+                                   messages=[{"role": "user", "content": [
+                                       {"type": "text", "text": "What is in "},
+                                       {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                    "data": base64.b64encode(picture).decode()}},
+                                       {"type": "text", "text": " here?"}]}])
+    assert reply.content[0].text == want
+    assert reply.usage.input_tokens == prompt_len
+    count = client.messages.count_tokens(model="default", messages=[{"role": "user", "content": [
+        {"type": "text", "text": "What is in "},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": base64.b64encode(picture).decode()}},
+        {"type": "text", "text": " here?"}]}])
+    assert count.input_tokens == prompt_len
+
+
+def test_an_anthropic_url_image_is_refused_naming_the_block(served):
+    stack, _, _ = served
+    body = {"model": "default", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}]}
+    reply = httpx.post(stack.http_url + "/v1/messages", json=body, timeout=60)
+    assert reply.status_code == 400, reply.text
+    assert "messages[0].content[0].source" in reply.text and "fetches no image URLs" in reply.text, reply.text
 
 
 @pytest.mark.parametrize("url, words", [("https://example.com/cat.png", "fetches no image URLs"),

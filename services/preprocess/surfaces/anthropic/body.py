@@ -1,7 +1,8 @@
 """Anthropic Messages request bodies (`POST /v1/messages`, `/v1/messages/count_tokens`).
 
-Content is a string or an array of `text`, `tool_use` (assistant) and `tool_result` (user) blocks;
-other block types (image, document, thinking, ...) are a 400 until mstar supports them. `tools`
+Content is a string or an array of `text`, `image` (a vision-language model's; base64 sources,
+no URL is fetched), `tool_use` (assistant) and `tool_result` (user) blocks; other block types
+(document, thinking, ...) are a 400 until mstar supports them. `tools`
 with `tool_choice` auto, any, tool or none are grammar-constrained tool calls
 (services/preprocess/tools.py). Sampling fields and their bounds
 come from the one field table (surfaces/fields.py). Newer `anthropic` SDKs send parameters such as
@@ -61,10 +62,28 @@ class ToolResultBlock(Body):
         return "".join(b.text for b in self.content or ())
 
 
-BLOCK_TYPES = ("text", "tool_use", "tool_result")
-Block = Annotated[by_type(TextBlock, ToolUseBlock, ToolResultBlock), only_types(BLOCK_TYPES, "content blocks")]
+class Base64Source(Body):
+    type: Literal["base64"]
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+    data: str
+
+
+class UrlSource(Body):
+    type: Literal["url"]
+    url: str  # refused: the server fetches nothing (services/preprocess/images.py image_url_bytes)
+
+
+class ImageBlock(Body):
+    type: Literal["image"]
+    source: by_type(Base64Source, UrlSource)
+    cache_control: Ignored = None
+
+
+BLOCK_TYPES = ("text", "image", "tool_use", "tool_result")
+Block = Annotated[by_type(TextBlock, ImageBlock, ToolUseBlock, ToolResultBlock),
+                  only_types(BLOCK_TYPES, "content blocks")]
 MessageContent = Annotated[list[Block], string_or_list(lambda text: {"type": "text", "text": text}, "content blocks"),
-                           Field(description="A string, or an array of text, tool_use and tool_result blocks.")]
+                           Field(description="A string, or an array of text, image, tool_use and tool_result blocks.")]
 
 
 class Message(Body):

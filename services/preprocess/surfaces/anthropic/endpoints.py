@@ -16,7 +16,8 @@ from dataclasses import replace
 from services.common import errors
 from services.common.finish import FinishReason
 from services.common.metrics import timing_headers
-from services.preprocess.chat_template import ChatMessage
+from services.preprocess.chat_template import ChatImage, ChatMessage
+from services.preprocess.images import ImageError, image_url_bytes
 from services.preprocess.request import Chunk, Complete, Failed, RequestSpec
 from services.preprocess.runner import RunScope
 from services.preprocess.surfaces import fields
@@ -35,24 +36,40 @@ def _check_headers(req: HttpRequest) -> None:
         raise errors.invalid_argument("anthropic-version", "must be a version date such as 2023-06-01")
 
 
-def _turns(m) -> list[ChatMessage]:
+def _turns(m, i: int) -> list[ChatMessage]:
     """One Anthropic message as domain turns: tool results become tool messages (in order), tool
-    uses the assistant's calls."""
-    text = "".join(b.text for b in m.content if b.type == "text")
+    uses the assistant's calls, image blocks images where they stand in the text."""
+    texts, images = [], []
+    for j, b in enumerate(m.content):
+        if b.type == "text":
+            texts.append(b.text)
+        elif b.type == "image":
+            images.append(ChatImage(sum(map(len, texts)), _image_bytes(b.source, f"messages[{i}].content[{j}].source"),
+                                    f"messages[{i}].content[{j}].source"))
+    text = "".join(texts)
     results = [ChatMessage("tool", b.text(), tool_call_id=b.tool_use_id) for b in m.content if b.type == "tool_result"]
     calls = tuple(ToolCall(b.id, b.name, json.dumps(b.input, ensure_ascii=False)) for b in m.content
                   if b.type == "tool_use")
     if results:
-        return results + ([ChatMessage(m.role, text)] if text else [])
-    return [ChatMessage(m.role, text, calls)]
+        return results + ([ChatMessage(m.role, text, images=tuple(images))] if text or images else [])
+    return [ChatMessage(m.role, text, calls, images=tuple(images))]
+
+
+def _image_bytes(source, where: str) -> bytes:
+    """A base64 image source's bytes; a url source is refused (nothing is fetched)."""
+    url = source.url if source.type == "url" else f"data:{source.media_type};base64,{source.data}"
+    try:
+        return image_url_bytes(url)
+    except ImageError as exc:
+        raise errors.invalid_argument(where, str(exc), reason="INVALID_IMAGE") from None
 
 
 def _conversation(body) -> tuple[ChatMessage, ...]:
     out = []
     if body.system:
         out.append(ChatMessage("system", "".join(b.text for b in body.system)))
-    for m in body.messages:
-        out += _turns(m)
+    for i, m in enumerate(body.messages):
+        out += _turns(m, i)
     if body.messages[-1].role == "assistant":
         # Anthropic continues a trailing assistant message (prefill); chat templates cannot
         # render an open assistant turn faithfully, so say so instead of answering a new turn.
