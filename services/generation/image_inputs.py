@@ -36,8 +36,31 @@ class SequenceImages:
     images: list[ImageInput]
     positions: list[int]  # prompt positions of the image tokens, ascending
     spans: list[tuple[int, int]]  # per image: its first and one-past-last index into positions
-    features: Any = None  # [len(positions), H] once encoded (kept for a preempted recompute)
+    # Per image its embeddings [tokens, H] once encoded (kept for a preempted recompute); None before.
+    features: list[Any] = field(default_factory=list)
     _salts: dict[int, tuple[bytes, ...]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.features:
+            self.features = [None] * len(self.images)
+
+    def needed(self, start: int, end: int) -> list[int]:
+        """The images with a token in prompt positions [start, end)."""
+        return [k for k, (lo, hi) in enumerate(self.spans)
+                if self.positions[lo] < end and self.positions[hi - 1] >= start]
+
+    def chunk_limit(self, start: int, n: int, most_new: int) -> int:
+        """How many of the n tokens from `start` a step may compute so that it needs at most
+        most_new images not yet encoded: the encoder's work in a step stays bounded like a prefill
+        chunk's (scheduler.py). At least the first such image always fits."""
+        new = 0
+        for k in self.needed(start, start + n):
+            if self.features[k] is not None:
+                continue
+            if new == most_new:
+                return self.positions[self.spans[k][0]] - start
+            new += 1
+        return n
 
     def salt(self, start: int, end: int) -> tuple[bytes, ...]:
         """The content hashes of the images with a token in prompt positions [start, end)."""
@@ -46,6 +69,9 @@ class SequenceImages:
             self._salts[key] = tuple(image.content_hash for image, (lo, hi) in zip(self.images, self.spans, strict=True)
                                      if self.positions[lo] < end and self.positions[hi - 1] >= start)
         return self._salts[key]
+
+
+MAX_NEW_IMAGES_PER_STEP = 1  # images (wire: tiles) a sequence may newly encode in a step shared with others
 
 
 def locate_images(token_ids: list[int], images: list[ImageInput], image_token_id: int,

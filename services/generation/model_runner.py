@@ -199,44 +199,57 @@ class ModelRunner:
         return 3 * self.vision.config.image_size ** 2 if self.vision else None
 
     def image_embeds(self, seqs: list[Sequence], num_new_tokens: list[int]):
-        """(batch rows, embeddings) for the image tokens among the step's rows, encoding the images
-        of a sequence whose prefill reaches them (cache first); None when the step has none."""
-        rows, values, offset = [], [], 0
+        """(batch rows, embeddings) for the image tokens among the step's rows, first encoding, in
+        one batched call, the images those rows need that are not encoded yet (encoder cache
+        first); None when the step has no image token."""
+        work = []  # (seq, first row of its chunk, lo, hi: its image-token indices in the chunk)
+        missing = []  # (images, k) not encoded yet
+        offset = 0
         for seq, n in zip(seqs, num_new_tokens, strict=True):
             images, start = seq.images, seq.num_computed_tokens
-            if images is not None and start < images.positions[-1] + 1:
-                lo = bisect_left(images.positions, start)
-                hi = bisect_left(images.positions, start + n)
+            if images is not None and start <= images.positions[-1]:
+                lo, hi = bisect_left(images.positions, start), bisect_left(images.positions, start + n)
                 if hi > lo:
-                    if images.features is None:
-                        images.features = self._encode(images.images)
-                    rows.extend(p - start + offset for p in images.positions[lo:hi])
-                    values.append(images.features[lo:hi])
+                    work.append((seq, offset - start, lo, hi))
+                    missing += [(images, k) for k in images.needed(start, start + n) if images.features[k] is None]
             offset += n
-        if not rows:
+        if not work:
             return None
+        if missing:
+            self._encode(missing)
+        rows, values = [], []
+        for seq, shift, lo, hi in work:
+            images = seq.images
+            rows.extend(p + shift for p in images.positions[lo:hi])
+            for k in images.needed(images.positions[lo], images.positions[hi - 1] + 1):
+                first, last = images.spans[k]
+                values.append(images.features[k][max(lo, first) - first:min(hi, last) - first])
         return torch.tensor(rows, dtype=torch.int64, device=self.device), torch.cat(values)
 
-    def _encode(self, images) -> torch.Tensor:
-        """One sequence's image-token embeddings [sum(tiles) x tokens_per_tile, H], in prompt order."""
-        missing = [im for im in images if im.content_hash not in self.encoder_cache]
-        if missing:
+    def _encode(self, missing) -> None:
+        """Each (images, k)'s image-token embeddings [tiles x tokens_per_tile, H]: from the encoder
+        cache, else from one batched encoder call over every missing image's tiles."""
+        todo = {}
+        for images, k in missing:
+            image = images.images[k]
+            if image.content_hash not in self.encoder_cache:
+                todo.setdefault(image.content_hash, image)
+        if todo:
             side = self.vision.config.image_size
-            tiles = np.frombuffer(b"".join(im.tiles for im in missing), np.uint8).reshape(-1, 3, side, side)
-            encoded = self.vision(torch.from_numpy(self.normalization.apply(tiles)))  # one batched call
+            tiles = np.frombuffer(b"".join(im.tiles for im in todo.values()), np.uint8).reshape(-1, 3, side, side)
+            encoded = self.vision(torch.from_numpy(self.normalization.apply(tiles)))  # [tiles, tokens, H]
             start = 0
-            for im in missing:
-                n = im.num_tiles
-                self.encoder_cache[im.content_hash] = encoded[start:start + n].reshape(-1, encoded.shape[-1])
+            for content_hash, image in todo.items():
+                n = image.num_tiles
+                self.encoder_cache[content_hash] = encoded[start:start + n].reshape(-1, encoded.shape[-1])
                 start += n
                 self.num_images_encoded += 1
-        features = []
-        for im in images:
-            self.encoder_cache.move_to_end(im.content_hash)
-            features.append(self.encoder_cache[im.content_hash])
+        for images, k in missing:
+            content_hash = images.images[k].content_hash
+            self.encoder_cache.move_to_end(content_hash)
+            images.features[k] = self.encoder_cache[content_hash]
         while len(self.encoder_cache) > ENCODER_CACHE_IMAGES:
             self.encoder_cache.popitem(last=False)
-        return torch.cat(features)
 
     def forward(self, input_ids: torch.Tensor, meta: StepMetadata, embeds=None) -> torch.Tensor:
         """Logits [S, V] fp32 of one step (what fault injection wraps: faults.py)."""

@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from services.generation.block_manager import BlockManager
+from services.generation.image_inputs import MAX_NEW_IMAGES_PER_STEP
 from services.generation.sequence import Sequence, SequenceStatus
 
 
@@ -145,7 +146,13 @@ class Scheduler:
         limit = budget - decodes
         if shorter and self._cap is not None:
             limit = min(limit - min(shorter, self.config.max_num_batched_tokens - self._cap), self._cap)
-        return max(0, min(need, limit))
+        n = max(0, min(need, limit))
+        if seq.images is not None and n and len(self.running) + len(self.waiting) > 1:
+            # Others share the engine: a step encodes at most one new image of this sequence's (an
+            # image costs an encoder pass over its tiles, far more than its tokens' decoder rows),
+            # so their decode waits for one image's encoding at most (alone, it encodes at once).
+            n = seq.images.chunk_limit(seq.num_computed_tokens, n, MAX_NEW_IMAGES_PER_STEP)
+        return n
 
     def _make_room(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
         """Preempt from the tail until seq's next n tokens fit. False if seq itself had to go."""

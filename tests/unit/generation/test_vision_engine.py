@@ -68,9 +68,9 @@ def hf_greedy(model, ids: list[int], images: list[ImageInput], n: int) -> list[i
     return out[0, len(ids):].tolist()
 
 
-def engine_for(checkpoint, **kw):
-    return make_engine(checkpoint, num_blocks=256, block_size=16, max_num_batched_tokens=128, dtype="float32",
-                       quantization="none", **kw)
+def engine_for(checkpoint, max_num_batched_tokens=128, **kw):
+    return make_engine(checkpoint, num_blocks=256, block_size=16, max_num_batched_tokens=max_num_batched_tokens,
+                       dtype="float32", quantization="none", **kw)
 
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -181,3 +181,33 @@ def test_an_image_through_the_preprocess_processor_continues_as_transformers(vlm
     engine.add_request("r", ids, GREEDY, images=[ours])
     tokens, _, failed, _ = drive(engine)
     assert not failed and tokens["r"] == hf_greedy(model, ids, [ours], 6)
+
+
+def test_an_image_request_encodes_one_image_a_step_beside_other_streams(vlm):
+    """Three images of one tile each (the internal stream's form) next to a decoding text stream:
+    the text stream gets a token every step and each step encodes at most one new image; the image
+    request's tokens stay transformers'. Alone, it encodes all three in its first step."""
+    model, checkpoint = vlm
+    ids = prompt(1, 1, 1)
+    images = [image(10 + i, 1) for i in range(3)]
+    engine = engine_for(checkpoint, max_num_batched_tokens=512)
+    engine.add_request("text", [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    engine.run_once()  # the text stream is decoding
+    engine.add_request("img", ids, GREEDY, images=images)
+    encoded, text_tokens = [], []
+    tokens: dict = {}
+    while engine.seqs:
+        before = engine.runner.num_images_encoded
+        out = engine.run_once()
+        encoded.append(engine.runner.num_images_encoded - before)
+        text_tokens.append(sum(t.key == "text" for t in out.tokens))
+        for t in out.tokens:
+            tokens.setdefault(t.key, []).append(t.token_id)
+    assert max(encoded) == 1 and sum(encoded) == 3
+    assert all(text_tokens[:5])  # the text stream decoded on every step while the images encoded
+    assert tokens["img"] == hf_greedy(model, ids, images, 6)
+    alone = engine_for(checkpoint, max_num_batched_tokens=512)
+    alone.add_request("img", ids, GREEDY, images=[image(20 + i, 1) for i in range(3)])
+    alone.run_once()
+    alone.run_once()
+    assert alone.runner.num_images_encoded == 3
