@@ -243,6 +243,10 @@ class PreprocessMetrics:
         self.e2e = _histogram(p + "e2e_seconds", "Arrival at the API to the terminal event.", r)
         self.preprocess = _histogram(p + "preprocess_seconds", "Template + tokenization + checks of one "
                                      "request.", r, STEP_BUCKETS)
+        self.input_parts = Counter(p + "input_parts", "Prompt inputs of admitted requests, by modality (an "
+                                   "image counts once).", labelnames=("modality",), registry=r)
+        self.input_bytes = Counter(p + "input_bytes", "Bytes of those inputs as sent (an image's encoded file).",
+                                   labelnames=("modality",), registry=r)
         self.failures = Counter(p + "requests_failed", "Requests that ended with an error, by its ErrorInfo "
                                 "reason (e.g. INPUT_OPEN_TOO_LONG, BACKEND_STALLED).", labelnames=("reason",),
                                 registry=r)
@@ -261,8 +265,12 @@ class PreprocessMetrics:
         self.in_flight.labels(surface).inc()
         return RequestClock()
 
-    def on_preprocessed(self, seconds: float) -> None:
+    def on_preprocessed(self, seconds: float, inputs: tuple = ()) -> None:
+        """A request was admitted after `seconds` of preprocessing; inputs: its InputInfos."""
         self.preprocess.observe(seconds)
+        for info in inputs:
+            self.input_parts.labels(info.modality).inc()
+            self.input_bytes.labels(info.modality).inc(info.size_bytes)
 
     def on_input_closed(self, seconds: float) -> None:
         """A request that had a streamed input ended; `seconds` it was open."""

@@ -65,6 +65,9 @@ class EngineStats:
             "spec_accepted_tokens": self.num_spec_accepted,
             "spec_acceptance_rate": self.num_spec_accepted / self.num_spec_proposed if self.num_spec_proposed else 0.0,
         }
+        if getattr(engine.runner, "vision", None) is not None:  # a vision-language model's encoder
+            self._snapshot["images_encoded"] = engine.runner.num_images_encoded
+            self._snapshot["encoder_cache_images"] = len(engine.runner.encoder_cache)
         draft = engine.speculator.draft
         if draft is not None:  # the draft model's runs (each batches every drafting sequence)
             self._snapshot["spec_draft_passes"] = draft.num_passes

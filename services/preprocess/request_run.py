@@ -105,6 +105,11 @@ class RequestRun:
         return self._prompt.num_tokens
 
     @property
+    def input_infos(self) -> list:
+        """Each prompt input so far: modality, bytes, tokens (DataWorkerProfile's, the metrics')."""
+        return self._prompt.input_infos
+
+    @property
     def input_open_s(self) -> float | None:
         """How long this request's input was open (so far); None for a one-shot request."""
         if not self.spec.open_inputs:

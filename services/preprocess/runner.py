@@ -194,7 +194,7 @@ class RequestRunner:
         except BaseException:
             run.close()
             raise
-        self.metrics.on_preprocessed(time.perf_counter() - started)
+        self.metrics.on_preprocessed(time.perf_counter() - started, tuple(run.input_infos))
         self._runs[spec.request_id] = run
         principal = principal_of(run.client)
         if self._cancelled_ahead.pop(_ahead_key(principal, spec.request_id)) | self._cancelled_ahead.pop(

@@ -108,6 +108,7 @@ def test_the_prefix_cache_shares_an_image_and_never_mixes_two(vlm):
     assert results["b"][0] == alone and results["b"][1] < 16  # only the text before the image
     assert results["a"][0] != results["b"][0]
     assert engine.runner.num_images_encoded == 2  # a once (the encoder cache), b once
+    assert engine.stats.snapshot()["images_encoded"] == 2 and engine.stats.snapshot()["encoder_cache_images"] == 2
 
 
 def test_image_tokens_must_match_the_images_and_a_text_model_takes_none(vlm, tiny_checkpoint):

@@ -263,3 +263,15 @@ def test_speculation_is_counted_under_the_servers_proposer():
     assert value(m, "mstar_generation_spec_decode_draft_tokens_total", {"proposer": "draft"}) == 6
     assert value(m, "mstar_generation_spec_decode_accepted_tokens_total", {"proposer": "draft"}) == 4
     assert value(m, "mstar_generation_spec_decode_draft_tokens_total", {"proposer": "ngram"}) in (None, 0)
+
+
+def test_preprocessed_inputs_are_counted_by_modality():
+    from services.common.metrics import PreprocessMetrics
+    from services.preprocess.request import InputInfo
+
+    m = PreprocessMetrics()
+    m.on_preprocessed(0.01, (InputInfo("text", 12, 3), InputInfo("image", 5000, 320, "image/png"),
+                             InputInfo("image", 700, 64, "image/jpeg")))
+    assert value(m, "mstar_preprocess_input_parts_total", {"modality": "image"}) == 2
+    assert value(m, "mstar_preprocess_input_bytes_total", {"modality": "image"}) == 5700
+    assert value(m, "mstar_preprocess_input_parts_total", {"modality": "text"}) == 1
