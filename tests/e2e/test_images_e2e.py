@@ -101,16 +101,19 @@ def test_models_say_it_takes_images(served):
     assert model["input_modalities"] == ["image", "text"], model
 
 
-def hf_chat(stack, model, picture: bytes, n: int) -> tuple[str, int]:
-    """transformers' whole pipeline on one user turn "What is in <image> here?": Idefics3Processor's
-    chat template, image processor and prompt expansion, then generate. (text, prompt tokens)."""
+QUESTION = [{"type": "text", "text": "What is in "}, {"type": "image"}, {"type": "text", "text": " here?"}]
+
+
+def hf_chat(stack, model, picture: bytes, n: int, hf_messages=None) -> tuple[str, int]:
+    """transformers' whole pipeline on a conversation (default: one user turn "What is in <image>
+    here?"): Idefics3Processor's chat template, image processor and prompt expansion, then
+    generate. (text, prompt tokens)."""
     from PIL import Image
 
     hf_tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(Path(stack.config.model) / "tokenizer.json"))
     processor = transformers.Idefics3Processor(transformers.Idefics3ImageProcessorPil(**PROCESSOR), hf_tokenizer,
                                                image_seq_len=64, chat_template=TEMPLATE)
-    hf_messages = [{"role": "user", "content": [{"type": "text", "text": "What is in "},
-                                                {"type": "image"}, {"type": "text", "text": " here?"}]}]
+    hf_messages = hf_messages or [{"role": "user", "content": QUESTION}]
     text = processor.apply_chat_template(hf_messages, add_generation_prompt=True)
     inputs = processor(text=text, images=[[Image.open(io.BytesIO(picture))]], return_tensors="pt")
     with torch.no_grad():
@@ -157,6 +160,31 @@ def test_anthropic_messages_with_an_image_block_through_the_sdk_is_transformers(
                                      "data": base64.b64encode(picture).decode()}},
         {"type": "text", "text": " here?"}]}])
     assert count.input_tokens == prompt_len
+
+
+def test_responses_input_image_and_a_follow_up_that_still_sees_it(served):
+    """The Responses API through the SDK: an input_image, then a turn chained by
+    previous_response_id whose stored conversation keeps the image (transformers gets the whole
+    conversation, image included)."""
+    import openai
+
+    stack, model, _ = served
+    picture = png(320, 240, seed=3)
+    want, prompt_len = hf_chat(stack, model, picture, 5)
+    client = openai.OpenAI(base_url=stack.http_url + "/v1", api_key="none", max_retries=0)
+    url = "data:image/png;base64," + base64.b64encode(picture).decode()
+    first = client.responses.create(model="default", max_output_tokens=5, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "What is in "},
+                                     {"type": "input_image", "image_url": url},
+                                     {"type": "input_text", "text": " here?"}]}])
+    assert first.output_text == want and first.usage.input_tokens == prompt_len
+    conversation = [{"role": "user", "content": QUESTION},
+                    {"role": "assistant", "content": [{"type": "text", "text": first.output_text}]},
+                    {"role": "user", "content": [{"type": "text", "text": "And then?"}]}]
+    want_next, next_len = hf_chat(stack, model, picture, 4, conversation)
+    second = client.responses.create(model="default", max_output_tokens=4, temperature=0,
+                                     previous_response_id=first.id, input="And then?")
+    assert second.output_text == want_next and second.usage.input_tokens == next_len
 
 
 def test_an_anthropic_url_image_is_refused_naming_the_block(served):

@@ -124,6 +124,8 @@ def test_store_survives_a_restart(tmp_path, runner):
     ({"text": {"format": {"type": "json_object"}}, "tools": [{"type": "function", "name": "f"}]}, "text.format",
      "INVALID_FIELD"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input[0].content[0].image_url", "INVALID_IMAGE"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}]},
      "input[0].content[0]", "UNSUPPORTED_FIELD"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role", "INVALID_FIELD"),
     ({"temperature": 9}, "temperature", "INVALID_FIELD"),

@@ -5,7 +5,9 @@ content a string or an array of `input_text` / `output_text` parts (what a previ
 output looks like, so a client may resend it), `function_call` items (a previous output's calls,
 resent) and `function_call_output` items (their results). Function `tools` with `tool_choice` and
 `text.format` (json_schema, json_object) are grammar-constrained (services/preprocess/tools.py).
-Other item and part types (images, files, reasoning) are a 400 until supported. Sampling fields and their bounds come from
+`input_image` parts (base64 data: URLs; nothing is fetched) go to a vision-language model, and are
+kept with a stored response's conversation. Other item and part types (files, reasoning) are a 400
+until supported. Sampling fields and their bounds come from
 the one field table (surfaces/fields.py).
 """
 
@@ -46,10 +48,20 @@ class TextPart(Body):
     logprobs: Ignored = None
 
 
+class InputImagePart(Body):
+    type: Literal["input_image"]
+    image_url: str  # a base64 data: URL: nothing is fetched (services/preprocess/images.py image_url_bytes)
+    detail: Literal["auto", "low", "high"] | None = None  # Idefics3 tiles every image alike: no effect
+    file_id: unsupported() = None
+
+
+CONTENT_TYPES = ("input_text", "output_text", "input_image")
+
+
 class InputMessage(Body):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: Annotated[list[Annotated[TextPart, only_types(("input_text", "output_text"), "content parts")]],
+    content: Annotated[list[Annotated[by_type(TextPart, InputImagePart), only_types(CONTENT_TYPES, "content parts")]],
                        string_or_list(lambda text: {"type": "input_text", "text": text}, "content parts")]
     id: Ignored = Field(None, description="Accepted, ignored (present on resent output items).")
     status: Ignored = None

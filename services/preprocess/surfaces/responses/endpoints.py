@@ -24,6 +24,7 @@ same 404 as an id that never existed, so ids cannot be probed.
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -33,7 +34,8 @@ from services.common import errors
 from services.common.metrics import timing_headers
 from services.common.structured_output import StructuredOutput
 from services.preprocess import client
-from services.preprocess.chat_template import ChatMessage
+from services.preprocess.chat_template import ChatImage, ChatMessage
+from services.preprocess.images import ImageError, image_url_bytes
 from services.preprocess.request import Accepted, Complete, Failed, RequestSpec
 from services.preprocess.runner import RunScope
 from services.preprocess.surfaces import fields
@@ -66,7 +68,7 @@ class ResponsesApi:
         constraint, renames = _constraint(body, tools)
         spec = RequestSpec(
             model=body.model,
-            messages=tuple(ChatMessage(role, text) for role, text in messages + conversation),
+            messages=tuple(_message(turn) for turn in messages + conversation),
             tools=tools,
             sampling=replace(fields.sampling_of(body, SURFACE), structured_output=constraint),
             field_renames=renames,
@@ -129,7 +131,7 @@ class ResponsesApi:
                     state.status = "cancelled"
                     asyncio.ensure_future(self._save(state, conversation, owner))
 
-    async def _history(self, previous_id: str | None, owner: str) -> tuple[list[tuple[str, str]], set[str]]:
+    async def _history(self, previous_id: str | None, owner: str) -> tuple[list[tuple], set[str]]:
         """The stored conversation `owner` continues, and the call ids its last response made."""
         if previous_id is None:
             return [], set()
@@ -145,7 +147,7 @@ class ResponsesApi:
                   if item.get("type") == "function_call"}
         return list(stored.conversation), called
 
-    async def _save(self, state: ResponseState, conversation: list[tuple[str, str]], owner: str) -> None:
+    async def _save(self, state: ResponseState, conversation: list[tuple], owner: str) -> None:
         full = conversation + [("assistant", state.text)] if state.status != "in_progress" else conversation
         await self.store.put(StoredResponse(state.id, state.created_at, state.status, state.object(), full, owner))
 
@@ -194,19 +196,44 @@ def _not_found() -> errors.MstarError:
     return errors.not_found("response not found", reason="RESPONSE_NOT_FOUND")
 
 
-def _turns(body: ResponsesBody, called: set[str]) -> list[tuple[str, str]]:
-    """The input items as (role, text) turns. Calls are kept as the text the model writes
-    (tools.py), results as tool turns: the stored conversation stays plain pairs."""
-    turns: list[tuple[str, str]] = []
+def _message(turn: tuple) -> ChatMessage:
+    """A stored or new turn: (role, text), or (role, text, [[offset, base64 image], ...]) for a
+    message with images (kept with the owner's conversation, so a follow-up sees them too)."""
+    role, text, *rest = turn
+    images = tuple(ChatImage(offset, base64.b64decode(data), "previous_response_id") for offset, data in
+                   (rest[0] if rest else ()))
+    return ChatMessage(role, text, images=images)
+
+
+def _message_turn(item, i: int) -> tuple:
+    texts, images = [], []
+    for j, part in enumerate(item.content):
+        if part.type != "input_image":
+            texts.append(part.text)
+            continue
+        where = f"input[{i}].content[{j}].image_url"
+        try:
+            data = image_url_bytes(part.image_url)
+        except ImageError as exc:
+            raise errors.invalid_argument(where, str(exc), reason="INVALID_IMAGE") from None
+        images.append([sum(map(len, texts)), base64.b64encode(data).decode()])
+    text = "".join(texts)
+    return (ROLES[item.role], text, images) if images else (ROLES[item.role], text)
+
+
+def _turns(body: ResponsesBody, called: set[str]) -> list[tuple]:
+    """The input items as (role, text) turns (and their images: _message). Calls are kept as the
+    text the model writes (tools.py), results as tool turns."""
+    turns: list[tuple] = []
     called = set(called)
     for i, item in enumerate(body.input):
         if item.type == "message":
-            turns.append((ROLES[item.role], "".join(p.text for p in item.content)))
+            turns.append(_message_turn(item, i))
         elif item.type == "function_call":
             called.add(item.call_id)
             text = ToolCall(item.call_id, item.name, item.arguments).text()
             if turns and turns[-1][0] == "assistant" and turns[-1][1].endswith(END):
-                turns[-1] = ("assistant", turns[-1][1] + "\n" + text)
+                turns[-1] = ("assistant", turns[-1][1] + "\n" + text, *turns[-1][2:])
             else:
                 turns.append(("assistant", text))
         else:

@@ -36,7 +36,7 @@ CREATE TABLE IF NOT EXISTS responses (
     status TEXT NOT NULL,
     size INTEGER NOT NULL,
     response TEXT NOT NULL,      -- the response object (JSON)
-    conversation TEXT NOT NULL,  -- [[role, content], ...] up to and including this response's output
+    conversation TEXT NOT NULL,  -- [[role, content(, [[offset, base64 image], ...])], ...] up to and including this response's output
     owner TEXT NOT NULL DEFAULT '',  -- the principal that stored it ('' = anonymous)
     runner TEXT NOT NULL DEFAULT ''  -- the preprocess replica running it ('' = before runners were kept)
 );
@@ -50,7 +50,7 @@ class StoredResponse:
     created_at: float
     status: str
     response: dict
-    conversation: list[tuple[str, str]]
+    conversation: list[tuple]  # (role, text) or (role, text, images): surfaces/responses/endpoints.py
     owner: str = ""  # the principal that stored it ("" = anonymous)
 
 
@@ -178,7 +178,7 @@ class ResponseStore:
         ).fetchone()
         if row is None:
             return None
-        conversation = [(role, content) for role, content in json.loads(row[4])]
+        conversation = [tuple(turn) for turn in json.loads(row[4])]  # (role, text[, images]): endpoints._message
         return StoredResponse(row[0], row[1], row[2], json.loads(row[3]), conversation, row[5])
 
     def _delete(self, response_id: str, owner: str) -> bool:
