@@ -65,6 +65,12 @@ SAMPLE_SCHEMAS = st.sampled_from([
     {"type": "nope"},  # does not compile: a 400 invalid_grammar, never a crash
 ])
 ARGUMENTS = st.sampled_from(['{}', '{"city": "Paris"}', '{"n": 3}', "not json", "[1]"])
+# Images as clients send them: a real (1x1 PNG) base64 payload, a remote URL the server never
+# fetches, broken base64. The served default is text-only, so a valid image is refused naming its part.
+PNG_1X1 = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC")
+IMAGE_URLS = st.sampled_from(["data:image/png;base64," + PNG_1X1, "https://example.com/cat.png",
+                              "data:image/png;base64,@@"]) | TEXT
+IMAGE_DATA = st.sampled_from([PNG_1X1, "@@"])
 
 
 def _surface_overrides(surface: str, context: Mapping[str, str]) -> dict[str, st.SearchStrategy]:
@@ -83,6 +89,13 @@ def _surface_overrides(surface: str, context: Mapping[str, str]) -> dict[str, st
         "previous_response_id": st.sampled_from([context[STORED], "resp_not_stored"]),
         "seed": st.integers(-(2**63), 2**63 - 1),
     }
+    if surface == "chat.completions":
+        out["url"] = IMAGE_URLS  # image_url.url
+    if surface == "messages":
+        out["data"] = IMAGE_DATA  # a base64 image source (count_tokens keeps the schema's own draws:
+        # there a refused image leaves too few bodies served for the matrix's share)
+    if surface == "responses":
+        out["image_url"] = IMAGE_URLS  # input_image.image_url (chat's image_url is an object: not here)
     if surface == "chat.completions":
         out["tool_call_id"] = st.none()  # must answer an earlier call, which no schema can say
         out["top_logprobs"] = st.integers(0, 5)

@@ -62,16 +62,16 @@ class SequenceGrammar:
     def is_open_after(self, tokens: tuple[int, ...]) -> bool:
         """Whether the grammar accepts tokens, in order, and then still takes a token (it has
         not terminated); the matcher ends where it was."""
-        return self.legal_prefix(tokens) == len(tokens) and not self._terminated_after(tokens)
-
-    def _terminated_after(self, tokens: tuple[int, ...]) -> bool:
-        for token in tokens:
-            self._matcher.accept_token(token)
+        taken = 0
         try:
-            return self._matcher.is_terminated()
+            for token in tokens:
+                if self._matcher.is_terminated() or not self._matcher.accept_token(token):
+                    return False
+                taken += 1
+            return not self._matcher.is_terminated()
         finally:
-            if tokens:
-                self._matcher.rollback(len(tokens))
+            if taken:
+                self._matcher.rollback(taken)
 
     def accept(self, token_id: int) -> bool:
         if not self._matcher.accept_token(token_id):

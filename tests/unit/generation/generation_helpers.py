@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from services.generation.engine import Engine, EngineConfig
 from services.generation.model_runner import ModelRunner, RunnerConfig
 from services.generation.speculation import SpeculationConfig
+from services.generation.weights.random_init import TINY, random_checkpoint, synthetic_vocabulary
 
 
 def make_engine(checkpoint, num_blocks=64, block_size=4, max_num_seqs=32, max_num_batched_tokens=64,
@@ -40,3 +43,15 @@ def drive(engine: Engine, max_steps: int = 10_000, idle_wait_s: float = 0.0):
         if not engine.seqs and engine._commands.empty():
             break
     return tokens, completed, failed, steps
+
+
+def codes_checkpoint(tmp_path_factory, vocab_size: int, seed: int, num_layers: int = TINY.num_layers):
+    """A tiny random GGUF of block codes (Q4_1, a Q8_0 head) through the CPU kernels, as `make run`
+    serves: verify rows carry decode rows' bits, so equal seeds give equal draws."""
+    from services.generation.weights.gguf import load_gguf
+    from services.generation.weights.random_init import save_gguf
+
+    config = dataclasses.replace(TINY, vocab_size=vocab_size, num_layers=num_layers)
+    path = str(tmp_path_factory.mktemp("gguf") / f"tiny-{vocab_size}-{seed}-{num_layers}.gguf")
+    loaded = load_gguf(save_gguf(random_checkpoint(config, seed=seed, std=0.3), path, "Q4_1", head_type="Q8_0"))
+    return dataclasses.replace(loaded, vocabulary=synthetic_vocabulary(vocab_size))

@@ -9,43 +9,32 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from generation_helpers import drive, make_engine
+from generation_helpers import codes_checkpoint, drive, make_engine
 
 from services.common.structured_output import StructuredOutput
 from services.generation.block_manager import BlockManager
 from services.generation.draft import DraftModelError
 from services.generation.sampling_params import SamplingParams
 from services.generation.speculation import SpeculationConfig
-from services.generation.weights.random_init import TINY, random_checkpoint, synthetic_vocabulary
+from services.generation.weights.random_init import TINY
 
 REPEAT = [7, 8, 9, 10, 11] * 6
 PROMPTS = [REPEAT, [5, 6, 7, 8, 5, 6, 7] * 3, [3, 4] * 10 + [9], list(range(20, 40)) * 2, [42]]
 
 
-def _codes(tmp_path_factory, vocab_size: int, seed: int, num_layers: int = TINY.num_layers):
-    """Block codes through the CPU kernels (verify rows carry decode rows' bits, as `make run`)."""
-    from services.generation.weights.gguf import load_gguf
-    from services.generation.weights.random_init import save_gguf
-
-    config = dataclasses.replace(TINY, vocab_size=vocab_size, num_layers=num_layers)
-    path = str(tmp_path_factory.mktemp("gguf") / f"tiny-{vocab_size}-{seed}-{num_layers}.gguf")
-    loaded = load_gguf(save_gguf(random_checkpoint(config, seed=seed, std=0.3), path, "Q4_1", head_type="Q8_0"))
-    return dataclasses.replace(loaded, vocabulary=synthetic_vocabulary(vocab_size))
-
-
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    return _codes(tmp_path_factory, 64, 5)
+    return codes_checkpoint(tmp_path_factory, 64, 5)
 
 
 @pytest.fixture(scope="module")
 def other(tmp_path_factory):
-    return _codes(tmp_path_factory, 64, 9, num_layers=1)  # a smaller, unrelated draft
+    return codes_checkpoint(tmp_path_factory, 64, 9, num_layers=1)  # a smaller, unrelated draft
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return _codes(tmp_path_factory, TINY.vocab_size, 0)  # the synthetic vocabulary spells JSON
+    return codes_checkpoint(tmp_path_factory, TINY.vocab_size, 0)  # the synthetic vocabulary spells JSON
 
 
 def engine_for(checkpoint, draft=None, **kw):
@@ -146,7 +135,7 @@ def test_constrained_requests_keep_their_tokens_with_a_draft(tiny):
 
 def test_a_draft_with_another_tokenizer_is_refused(target, tmp_path_factory):
     with pytest.raises(DraftModelError, match="tokenizer"):
-        engine_for(target, _codes(tmp_path_factory, 96, 1))
+        engine_for(target, codes_checkpoint(tmp_path_factory, 96, 1))
     respelled = dataclasses.replace(target, vocabulary=dataclasses.replace(
         target.vocabulary, tokens=tuple(reversed(target.vocabulary.tokens))))
     with pytest.raises(DraftModelError, match="spelled"):

@@ -5,42 +5,29 @@ chi-square test on a small vocabulary, which a biased acceptance rule fails)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
 
 import pytest
-from generation_helpers import drive, make_engine
+from generation_helpers import codes_checkpoint, drive, make_engine
 
 from services.common.structured_output import StructuredOutput
 from services.generation.postprocess import Postprocess
 from services.generation.sampling_params import SamplingParams
 from services.generation.speculation import SpeculationConfig
-from services.generation.weights.random_init import TINY, random_checkpoint, synthetic_vocabulary
+from services.generation.weights.random_init import TINY
 
 REPEAT = [7, 8, 9, 10, 11] * 6
 
 
-def _codes(tmp_path_factory, vocab_size: int, seed: int):
-    """A GGUF of block codes through the CPU kernels, as `make run` serves: verify rows carry decode
-    rows' bits, so equal seeds give equal draws."""
-    from services.generation.weights.gguf import load_gguf
-    from services.generation.weights.random_init import save_gguf
-
-    checkpoint = random_checkpoint(dataclasses.replace(TINY, vocab_size=vocab_size), seed=seed, std=0.3)
-    path = str(tmp_path_factory.mktemp("gguf") / f"tiny-{vocab_size}.gguf")
-    loaded = load_gguf(save_gguf(checkpoint, path, "Q4_1", head_type="Q8_0"))
-    return dataclasses.replace(loaded, vocabulary=synthetic_vocabulary(vocab_size))
-
-
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    return _codes(tmp_path_factory, 64, 5)
+    return codes_checkpoint(tmp_path_factory, 64, 5)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return _codes(tmp_path_factory, TINY.vocab_size, 0)  # the synthetic vocabulary spells JSON
+    return codes_checkpoint(tmp_path_factory, TINY.vocab_size, 0)  # the synthetic vocabulary spells JSON
 
 
 def engine_for(checkpoint, mode: str, max_rows: int = 8, **kw):
